@@ -1,0 +1,1 @@
+"""quotaledger.engine."""

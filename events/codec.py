@@ -1,0 +1,60 @@
+"""Codecs: JSON (the wire and ledger form) and MessagePack (snapshots).
+
+A ledger record's payload is the JSON of one event, exactly as it arrived for
+facts (a producer's Kafka message value, a JSONL line) and as the engine wrote
+it for decisions. Facts are canonicalised when decoded, never re-encoded, so
+``4`` cpu cannot be read back as 4000 cpu.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from .model import Event
+
+_JSON_DECODER = msgspec.json.Decoder(Event)
+_JSON_ENCODER = msgspec.json.Encoder()
+_KIND_ONLY = msgspec.json.Decoder(dict[str, Any])
+
+
+class EventError(ValueError):
+    """Input that is not a valid event; the message names the offending field."""
+
+    def __init__(self, reason: str, kind: str | None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.kind = kind
+
+
+def peek_kind(payload: bytes | str) -> str | None:
+    """The ``kind`` string of a JSON object, or None when there is none to read."""
+    try:
+        obj = _KIND_ONLY.decode(payload)
+    except (msgspec.DecodeError, TypeError):
+        return None
+    kind = obj.get("kind")
+    return kind if isinstance(kind, str) else None
+
+
+def decode_event(payload: bytes | str) -> Event:
+    """Decode one event (DESIGN §4), or raise :class:`EventError` naming the field."""
+    try:
+        return _JSON_DECODER.decode(payload)
+    except msgspec.ValidationError as exc:
+        raise EventError(str(exc), peek_kind(payload)) from None
+    except msgspec.DecodeError as exc:
+        raise EventError(f"malformed JSON: {exc}", None) from None
+
+
+def encode_event(event: Event) -> bytes:
+    """The JSON of an engine-written event (decisions, removals)."""
+    return _JSON_ENCODER.encode(event)
+
+
+def to_builtins(event: Event) -> dict[str, Any]:
+    """The event as plain JSON-able data, ``kind`` included."""
+    out = msgspec.to_builtins(event)
+    assert isinstance(out, dict)
+    return out

@@ -1,0 +1,78 @@
+"""The ledger: one totally ordered, append-only sequence of records (DESIGN §3).
+
+Every backend (SQLite, Kafka) implements :class:`Ledger`. Invariants a backend
+keeps:
+
+* offsets are 0, 1, 2, ... without gaps;
+* ``ts`` (ms since the epoch) never decreases: a smaller one is clamped up to
+  the previous record's;
+* record 0 is ``LedgerOpened{ledger_id}``, and a reader holding a checkpoint of
+  another ledger id stops with :class:`LedgerMismatch`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+import msgspec
+
+
+class Record(msgspec.Struct, frozen=True, gc=False, array_like=True):
+    """One ledger entry: position, time, and the event's JSON payload."""
+
+    offset: int
+    ts: int
+    payload: bytes
+
+
+class Append(msgspec.Struct, frozen=True, gc=False, array_like=True):
+    """One entry to append; ``ts`` None means "now" by the backend's clock."""
+
+    payload: bytes
+    ts: int | None = None
+
+
+class LedgerError(RuntimeError):
+    """The ledger cannot be used as asked."""
+
+
+class LedgerMismatch(LedgerError):
+    """A checkpoint or snapshot belongs to another ledger's history."""
+
+
+class Snapshot(msgspec.Struct, frozen=True, gc=False):
+    """Projected state folded through ``offset`` (inclusive), opaque bytes."""
+
+    offset: int
+    blob: bytes
+
+
+class Ledger(Protocol):
+    """What the engine needs of any ledger backend."""
+
+    @property
+    def ledger_id(self) -> str: ...
+
+    async def append(self, batch: Sequence[Append]) -> list[int]:
+        """Append atomically (group commit); return the assigned offsets."""
+        ...
+
+    def read(
+        self, from_offset: int = 0, *, follow: bool = False
+    ) -> AsyncIterator[list[Record]]:
+        """Yield records from ``from_offset`` in batches; with ``follow``,
+        wait for new records at the tail instead of stopping."""
+        ...
+
+    async def last_offset(self) -> int:
+        """Offset of the newest record (-1 for none)."""
+        ...
+
+    async def save_snapshot(self, snapshot: Snapshot) -> None: ...
+
+    async def load_snapshot(self, at_most: int | None = None) -> Snapshot | None:
+        """The newest snapshot whose offset is ``<= at_most`` (any if None)."""
+        ...
+
+    async def close(self) -> None: ...

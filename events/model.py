@@ -1,0 +1,272 @@
+"""The event vocabulary of the ledger (DESIGN §4).
+
+Facts are written by producers, adapters and importers; decisions only by the
+engine. Every event is a msgspec Struct tagged by ``kind`` (its class name).
+Decoding is the one place input is trusted or refused: a missing field, a wrong
+type, a ``null`` where the default is not null (§8 rule 4), a negative amount
+or an unparsable quantity raises an error naming the field.
+
+Resource lists of facts accept quantity strings or JSON numbers and are
+canonicalised in ``__post_init__`` (§2). Resource lists of decisions are
+already canonical integers (the engine computed them).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+from .quantity import canonical_list
+
+if TYPE_CHECKING:
+    #: After decoding, every amount of a fact is a canonical integer.
+    InputAmount = int
+else:
+    InputAmount = Union[int, float, str]
+
+#: A resource list: resource name -> canonical amount (DESIGN §2).
+RL = dict[str, int]
+InputRL = dict[str, InputAmount]
+NonNegativeSeconds = Annotated[float, Meta(ge=0)]
+PodPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
+
+
+def _canon(name: str, raw: InputRL | None) -> RL | None:
+    if raw is None:
+        return None
+    return canonical_list(name, raw)  # type: ignore[arg-type]
+
+
+class _Event(Struct, tag_field="kind", tag=True, kw_only=True, omit_defaults=False):
+    """Common shape: an optional RFC 3339 ``at`` that becomes the record's ts."""
+
+    at: datetime | None = None
+
+
+# --------------------------------------------------------------------- facts
+
+
+class NodeUpserted(_Event, gc=False):
+    name: str
+    allocatable: InputRL = {}
+    labels: dict[str, str] = {}
+    unschedulable: bool = False
+
+    def __post_init__(self) -> None:
+        self.allocatable = canonical_list("allocatable", self.allocatable)  # type: ignore[arg-type]
+
+
+class NodeRemoved(_Event, gc=False):
+    name: str
+
+
+class PodUpserted(_Event, gc=False):
+    uid: str
+    name: str
+    namespace: str
+    requests: InputRL = {}
+    priority: int = 0
+    phase: PodPhase = "Pending"
+    node: str | None = None
+    quota: str | None = None
+    created_at: datetime | None = None
+    preemptible: bool = True
+    daemonset: bool = False
+    originator: bool = False
+    allow_preemption: bool = True
+    labels: dict[str, str] = {}
+
+    def __post_init__(self) -> None:
+        self.requests = canonical_list("requests", self.requests)  # type: ignore[arg-type]
+
+
+class PodRemoved(_Event, gc=False):
+    uid: str
+
+
+class QuotaUpserted(_Event, gc=False):
+    name: str
+    parent: str = "root"
+    is_parent: bool = False
+    min: InputRL = {}
+    max: InputRL | None = None
+    shared_weight: InputRL | None = None
+    allow_lent: bool = True
+    lending_limit: InputRL | None = None
+    borrowing_limit: InputRL | None = None
+    namespaces: list[str] = []
+    preemption_delay_s: NonNegativeSeconds = 0.0
+
+    def __post_init__(self) -> None:
+        self.min = canonical_list("min", self.min)  # type: ignore[arg-type]
+        self.max = _canon("max", self.max)
+        self.shared_weight = _canon("shared_weight", self.shared_weight)
+        self.lending_limit = _canon("lending_limit", self.lending_limit)
+        self.borrowing_limit = _canon("borrowing_limit", self.borrowing_limit)
+
+
+class QuotaRemoved(_Event, gc=False):
+    name: str
+
+
+class NamespaceWeighted(_Event, gc=False):
+    namespace: str
+    weight: Annotated[int, Meta(ge=1)]
+
+
+class SettingsChanged(_Event, gc=False):
+    """Absent fields keep their value; ``null`` is a wrong type (§8 rule 4)."""
+
+    min_scaling: bool | UnsetType = UNSET
+    revoke_enabled: bool | UnsetType = UNSET
+    revoke_after_s: NonNegativeSeconds | UnsetType = UNSET
+    reclaim_enabled: bool | UnsetType = UNSET
+    reclaim_after_s: NonNegativeSeconds | UnsetType = UNSET
+    quota_preemption_enabled: bool | UnsetType = UNSET
+    preemption_miss_percent: Annotated[float, Meta(ge=0, le=100)] | UnsetType = UNSET
+
+
+# ----------------------------------------------------------------- decisions
+
+PreemptionCause = Literal["quota-decrease", "overuse", "reclaim"]
+PreemptionOutcome = Literal["complete", "best-effort", "not-helpful"]
+
+
+class LedgerOpened(_Event, gc=False):
+    ledger_id: str
+
+
+class LeaderElected(_Event, gc=False):
+    epoch: int
+    instance: str
+
+
+class FactRejected(_Event, gc=False):
+    """A fact refused at the door. ``raw`` keeps the refused text: nothing is lost."""
+
+    offset: int
+    reason: str
+    rejected_kind: str | None = None
+    raw: str | None = None
+
+
+class PreemptionStarted(_Event, gc=False):
+    preemption_id: str
+    queue: str
+    cause: PreemptionCause
+    target: RL
+    basis: int
+    epoch: int = 0
+    pod_uid: str | None = None  # reclaim: the starving pod
+
+
+class EvictionRequested(_Event, gc=False):
+    eviction_id: str
+    preemption_id: str
+    pod_uid: str
+    queue: str
+    explain: dict[str, Any] = {}
+    epoch: int = 0
+
+
+class EvictionSucceeded(_Event, gc=False):
+    eviction_id: str
+
+
+class EvictionFailed(_Event, gc=False):
+    eviction_id: str
+    error: str
+
+
+class PreemptionFinished(_Event, gc=False):
+    preemption_id: str
+    queue: str
+    outcome: PreemptionOutcome
+    claimed: RL = {}
+    reason: str = ""
+    epoch: int = 0
+
+
+Fact = Union[
+    NodeUpserted,
+    NodeRemoved,
+    PodUpserted,
+    PodRemoved,
+    QuotaUpserted,
+    QuotaRemoved,
+    NamespaceWeighted,
+    SettingsChanged,
+]
+Decision = Union[
+    LedgerOpened,
+    LeaderElected,
+    FactRejected,
+    PreemptionStarted,
+    EvictionRequested,
+    EvictionSucceeded,
+    EvictionFailed,
+    PreemptionFinished,
+]
+Event = Union[Fact, Decision]
+
+FACT_TYPES: tuple[type[Struct], ...] = (
+    NodeUpserted,
+    NodeRemoved,
+    PodUpserted,
+    PodRemoved,
+    QuotaUpserted,
+    QuotaRemoved,
+    NamespaceWeighted,
+    SettingsChanged,
+)
+DECISION_TYPES: tuple[type[Struct], ...] = (
+    LeaderElected,
+    FactRejected,
+    PreemptionStarted,
+    EvictionRequested,
+    EvictionSucceeded,
+    EvictionFailed,
+    PreemptionFinished,
+)
+
+
+def kind_of(event: Struct) -> str:
+    """The ``kind`` tag of an event."""
+    return type(event).__name__
+
+
+def is_fact(event: Struct) -> bool:
+    """Facts describe the cluster; everything else is the engine's own record."""
+    return isinstance(event, FACT_TYPES)
+
+
+__all__ = [
+    "DECISION_TYPES",
+    "FACT_TYPES",
+    "RL",
+    "Decision",
+    "Event",
+    "EvictionFailed",
+    "EvictionRequested",
+    "EvictionSucceeded",
+    "Fact",
+    "FactRejected",
+    "LeaderElected",
+    "LedgerOpened",
+    "NamespaceWeighted",
+    "NodeRemoved",
+    "NodeUpserted",
+    "PodRemoved",
+    "PodUpserted",
+    "PreemptionFinished",
+    "PreemptionStarted",
+    "QuotaRemoved",
+    "QuotaUpserted",
+    "SettingsChanged",
+    "is_fact",
+    "kind_of",
+    "msgspec",
+]

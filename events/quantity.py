@@ -1,0 +1,116 @@
+"""Kubernetes quantities as canonical integers (DESIGN §2).
+
+Every amount is an integer in canonical units: ``cpu`` in millicores, every
+other resource in its base unit (bytes, count). Fractions are rounded *up*, as
+Kubernetes rounds a request it has to represent in a coarser unit.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+from functools import lru_cache
+
+#: Resources whose canonical unit is a thousandth of the written unit.
+MILLI_RESOURCES = frozenset({"cpu"})
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 10**3),
+    "": Fraction(1),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+}
+_QUANTITY = re.compile(
+    r"^(?P<num>[+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+    r"(?:(?P<bin>Ki|Mi|Gi|Ti|Pi|Ei)|[eE](?P<exp>[+-]?[0-9]+)|(?P<dec>[numkMGTPE]?))$"
+)
+
+
+class QuantityError(ValueError):
+    """An amount that is not a non-negative Kubernetes quantity."""
+
+
+def _ceil(value: Fraction) -> int:
+    return -((-value.numerator) // value.denominator)
+
+
+@lru_cache(maxsize=4096)
+def _parse_text(text: str) -> Fraction:
+    """The exact value of a quantity string in its written unit (pure; memoised)."""
+    match = _QUANTITY.match(text.strip())
+    if match is None:
+        raise QuantityError(f"unparsable quantity {text!r}")
+    number = Fraction(match["num"])
+    if match["bin"]:
+        return number * _BINARY[match["bin"]]
+    if match["exp"] is not None:
+        exponent = int(match["exp"])
+        if abs(exponent) > 30:
+            raise QuantityError(f"quantity exponent out of range in {text!r}")
+        return number * Fraction(10) ** exponent
+    return number * _DECIMAL[match["dec"] or ""]
+
+
+def canonical_amount(resource: str, value: int | float | str) -> int:
+    """Convert one input amount to canonical units, rounding up (DESIGN §2).
+
+    ``value`` is a Kubernetes quantity string or a JSON number in the written
+    unit (``4`` cpu is 4000 millicores). Negative, non-finite and boolean values
+    are refused with :class:`QuantityError`.
+    """
+    if isinstance(value, bool):
+        raise QuantityError(f"expected a quantity, got {value!r}")
+    scale = 1000 if resource in MILLI_RESOURCES else 1
+    if isinstance(value, int):
+        if value < 0:
+            raise QuantityError(f"negative amount {value}")
+        return value * scale
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise QuantityError(f"non-finite amount {value!r}")
+        if value < 0:
+            raise QuantityError(f"negative amount {value!r}")
+        return _ceil(Fraction(repr(value)) * scale)
+    if isinstance(value, str):
+        if value.strip().startswith("-"):
+            raise QuantityError(f"negative amount {value!r}")
+        return _ceil(_parse_text(value) * scale)
+    raise QuantityError(f"expected a quantity, got {type(value).__name__}")
+
+
+def canonical_list(field: str, raw: dict[str, int | float | str]) -> dict[str, int]:
+    """Canonicalise a resource list, naming ``$.field.resource`` in any error."""
+    out: dict[str, int] = {}
+    for resource, value in raw.items():
+        try:
+            out[resource] = canonical_amount(resource, value)
+        except QuantityError as exc:
+            raise ValueError(f"{exc} - at `$.{field}.{resource}`") from None
+    return out
+
+
+def format_amount(resource: str, amount: int) -> str:
+    """Render a canonical amount in human units: ``4.5 cpu``, ``12Gi``, ``3``."""
+    if resource in MILLI_RESOURCES:
+        if amount % 1000 == 0:
+            return f"{amount // 1000} {resource}"
+        if amount % 100 == 0 or amount >= 10_000:
+            return f"{amount / 1000:g} {resource}"
+        return f"{amount}m {resource}"
+    if resource in ("memory", "ephemeral-storage", "storage") or resource.endswith("memory"):
+        for suffix, size in (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30)):
+            if amount >= size:
+                text = f"{amount / size:.1f}".removesuffix(".0")
+                return f"{text}{suffix}"
+        for suffix, size in (("Mi", 2**20), ("Ki", 2**10)):
+            if amount >= size:
+                return f"{round(amount / size)}{suffix}"
+        return str(amount)
+    return str(amount)
