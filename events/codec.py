@@ -41,11 +41,17 @@ def peek_kind(payload: bytes | str) -> str | None:
 def decode_event(payload: bytes | str) -> Event:
     """Decode one event (DESIGN §4), or raise :class:`EventError` naming the field."""
     try:
-        return _JSON_DECODER.decode(payload)
+        event = _JSON_DECODER.decode(payload)
+        canonicalize = getattr(event, "canonicalize", None)
+        if canonicalize is not None:
+            canonicalize()
+        return event
     except msgspec.ValidationError as exc:
         raise EventError(str(exc), peek_kind(payload)) from None
     except msgspec.DecodeError as exc:
         raise EventError(f"malformed JSON: {exc}", None) from None
+    except ValueError as exc:
+        raise EventError(str(exc), peek_kind(payload)) from None
 
 
 def encode_event(event: Event) -> bytes:

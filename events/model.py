@@ -6,9 +6,11 @@ Decoding is the one place input is trusted or refused: a missing field, a wrong
 type, a ``null`` where the default is not null (§8 rule 4), a negative amount
 or an unparsable quantity raises an error naming the field.
 
-Resource lists of facts accept quantity strings or JSON numbers and are
-canonicalised in ``__post_init__`` (§2). Resource lists of decisions are
-already canonical integers (the engine computed them).
+Resource lists of facts accept quantity strings or JSON numbers on the wire;
+:func:`quotaledger.events.codec.decode_event` canonicalises them right after
+decoding (§2) by calling ``canonicalize()``. A struct built in Python (tests,
+snapshots) holds canonical integers already. Resource lists of decisions are
+always canonical integers.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ class NodeUpserted(_Event, gc=False):
     labels: dict[str, str] = {}
     unschedulable: bool = False
 
-    def __post_init__(self) -> None:
+    def canonicalize(self) -> None:
         self.allocatable = canonical_list("allocatable", self.allocatable)  # type: ignore[arg-type]
 
 
@@ -79,7 +81,7 @@ class PodUpserted(_Event, gc=False):
     allow_preemption: bool = True
     labels: dict[str, str] = {}
 
-    def __post_init__(self) -> None:
+    def canonicalize(self) -> None:
         self.requests = canonical_list("requests", self.requests)  # type: ignore[arg-type]
 
 
@@ -100,7 +102,7 @@ class QuotaUpserted(_Event, gc=False):
     namespaces: list[str] = []
     preemption_delay_s: NonNegativeSeconds = 0.0
 
-    def __post_init__(self) -> None:
+    def canonicalize(self) -> None:
         self.min = canonical_list("min", self.min)  # type: ignore[arg-type]
         self.max = _canon("max", self.max)
         self.shared_weight = _canon("shared_weight", self.shared_weight)

@@ -1,1 +1,22 @@
-"""quotaledger.projections."""
+"""quotaledger.projections: pure, deterministic folds (DESIGN §5).
+
+No I/O, no clock, no randomness: the same records in the same order give the
+same state, byte for byte.
+"""
+
+from .derive import recompute_all, settle
+from .fold import OutOfOrder, Projection
+from .state import ProjectedState, Settings
+from .view import rfc3339, state_hash, state_json
+
+__all__ = [
+    "OutOfOrder",
+    "ProjectedState",
+    "Projection",
+    "Settings",
+    "recompute_all",
+    "rfc3339",
+    "settle",
+    "state_hash",
+    "state_json",
+]

@@ -1,0 +1,183 @@
+"""The fold: apply ledger records to the projected state, in order (DESIGN §3-§5).
+
+:class:`Projection` is the sans-I/O core: it is fed records and answers
+questions. Same records in the same order give the same state, byte for byte.
+A record that does not decode, or a fact or decision that is invalid, is
+recorded in ``state.rejected`` (§8 rule 5) and changes nothing else.
+"""
+
+from __future__ import annotations
+
+from quotaledger.events.codec import EventError, decode_event
+from quotaledger.events.ledger import Record
+from quotaledger.events.model import (
+    Event,
+    EvictionFailed,
+    EvictionRequested,
+    EvictionSucceeded,
+    FactRejected,
+    LeaderElected,
+    LedgerOpened,
+    NamespaceWeighted,
+    NodeRemoved,
+    NodeUpserted,
+    PodRemoved,
+    PodUpserted,
+    PreemptionFinished,
+    PreemptionStarted,
+    QuotaRemoved,
+    QuotaUpserted,
+    SettingsChanged,
+    kind_of,
+)
+from msgspec import UNSET
+
+from . import guard
+from .derive import settle
+from .resources import add_into, sub_into
+from .state import ROOT, ProjectedState, Rejection
+from .tree import attach_pod, detach_pod, drop_quota, is_active, put_quota
+from .validation import check_remove, check_upsert
+
+
+class OutOfOrder(ValueError):
+    """A record that does not follow the last one applied (offsets are gap-free)."""
+
+
+class Projection:
+    """Folds records into a :class:`ProjectedState`."""
+
+    def __init__(self, state: ProjectedState | None = None) -> None:
+        self.state = state if state is not None else ProjectedState.empty()
+
+    # ------------------------------------------------------------ records
+
+    def apply_record(self, record: Record) -> Event | None:
+        """Decode and apply one record; return its event if it was accepted."""
+        try:
+            event = decode_event(record.payload)
+        except EventError as exc:
+            self._advance(record.offset, record.ts)
+            self.reject(record.offset, exc.kind, exc.reason)
+            return None
+        return event if self.apply(record.offset, record.ts, event) else None
+
+    def apply(self, offset: int, ts: int, event: Event) -> bool:
+        """Apply a decoded event at ``offset``/``ts``; False when it was rejected."""
+        self._advance(offset, ts)
+        reason = self._dispatch(offset, ts, event)
+        if reason is not None:
+            self.reject(offset, kind_of(event), reason)
+            return False
+        return True
+
+    def reject(self, offset: int, kind: str | None, reason: str) -> None:
+        self.state.rejected.append(Rejection(offset=offset, kind=kind, reason=reason))
+
+    def _advance(self, offset: int, ts: int) -> None:
+        state = self.state
+        if offset != state.offset + 1:
+            raise OutOfOrder(f"record {offset} does not follow {state.offset}")
+        state.offset = offset
+        if ts > state.ts:
+            state.ts = ts
+
+    # ------------------------------------------------------------ events
+
+    def _dispatch(self, offset: int, ts: int, event: Event) -> str | None:
+        state = self.state
+        if isinstance(event, PodUpserted):
+            return self._pod_upserted(event)
+        if isinstance(event, PodRemoved):
+            old = state.pods.pop(event.uid, None)
+            if old is not None:
+                if is_active(old):
+                    detach_pod(state, old)
+                guard.on_pod_gone(state, event.uid)
+            return None
+        if isinstance(event, NodeUpserted):
+            old_alloc = state.nodes.get(event.name)
+            if old_alloc is not None:
+                sub_into(state.allocatable, old_alloc)
+            state.nodes[event.name] = event.allocatable
+            add_into(state.allocatable, event.allocatable)
+            state.total_dirty = True
+            return None
+        if isinstance(event, NodeRemoved):
+            removed = state.nodes.pop(event.name, None)
+            if removed is not None:
+                sub_into(state.allocatable, removed)
+                state.total_dirty = True
+            return None
+        if isinstance(event, QuotaUpserted):
+            reason = check_upsert(state, event)
+            if reason is None:
+                previous = put_quota(state, event)
+                guard.on_quota_change(state, previous, event, ts)
+            return reason
+        if isinstance(event, QuotaRemoved):
+            reason = check_remove(state, event)
+            if reason is None:
+                drop_quota(state, event.name)
+            return reason
+        if isinstance(event, NamespaceWeighted):
+            state.namespace_weights[event.namespace] = event.weight
+            return None
+        if isinstance(event, SettingsChanged):
+            return self._settings(event)
+        return self._decision(offset, ts, event)
+
+    def _pod_upserted(self, pod: PodUpserted) -> None:
+        state = self.state
+        old = state.pods.get(pod.uid)
+        if old is not None and is_active(old):
+            detach_pod(state, old)
+        state.pods[pod.uid] = pod
+        if is_active(pod):
+            attach_pod(state, pod)
+        if pod.phase != "Running" and old is not None:
+            guard.on_pod_gone(state, pod.uid)
+        return None
+
+    def _settings(self, event: SettingsChanged) -> None:
+        settings = self.state.settings
+        before = settings.min_scaling
+        for field in SettingsChanged.__struct_fields__:
+            value = getattr(event, field)
+            if field != "at" and value is not UNSET:
+                setattr(settings, field, value)
+        if settings.min_scaling != before:
+            self.state.refill.update(self.state.quotas)
+            self.state.refill.add(ROOT)
+        return None
+
+    def _decision(self, offset: int, ts: int, event: Event) -> str | None:
+        state = self.state
+        if isinstance(event, LedgerOpened):
+            if offset != 0 or state.ledger_id is not None:
+                return "LedgerOpened may only be the first record"
+            state.ledger_id = event.ledger_id
+            return None
+        if isinstance(event, FactRejected):
+            state.rejected.append(
+                Rejection(offset=event.offset, kind=event.rejected_kind, reason=event.reason)
+            )
+            return None
+        if isinstance(event, LeaderElected):
+            return guard.on_leader(state, event)
+        if isinstance(event, PreemptionStarted):
+            return guard.on_started(state, event, offset, ts)
+        if isinstance(event, EvictionRequested):
+            return guard.on_eviction(state, event, offset)
+        if isinstance(event, EvictionSucceeded | EvictionFailed):
+            return guard.on_eviction_outcome(state, event)
+        if isinstance(event, PreemptionFinished):
+            return guard.on_finished(state, event)
+        return f"kind: unsupported event {kind_of(event)!r}"
+
+    # ------------------------------------------------------------ reading
+
+    def settled(self) -> ProjectedState:
+        """The state with every derived number up to date."""
+        settle(self.state)
+        return self.state

@@ -1,0 +1,194 @@
+"""Quota-decrease timers and the one-preemption-per-queue guard (DESIGN §6, §8 19-21, 34).
+
+The guard lives in the projection, so it is applied in ledger order: it holds
+across restarts and with two engines writing one ledger. A ``PreemptionStarted``
+is refused while its queue is occupied or when its leader epoch is stale; a
+preemption occupies its queue and every queue it evicts from until its
+``PreemptionFinished``. An eviction is refused for a pod already being evicted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from quotaledger.events.model import (
+    EvictionFailed,
+    EvictionRequested,
+    EvictionSucceeded,
+    LeaderElected,
+    PreemptionFinished,
+    PreemptionStarted,
+    QuotaUpserted,
+)
+
+from .derive import settle
+from .resources import fits
+from .state import EvictionRun, PreemptionRun, ProjectedState
+
+_UNLIMITED = float("inf")
+
+
+def _limit(amounts: Mapping[str, int] | None, key: str) -> float:
+    if amounts is None or key not in amounts:
+        return _UNLIMITED
+    return amounts[key]
+
+
+def only_raised(old: Mapping[str, int] | None, new: Mapping[str, int] | None) -> bool:
+    """§8 rule 20: no resource lowered and some raised (absent/null = unlimited)."""
+    keys = set(old or {}) | set(new or {})
+    lowered = any(_limit(new, key) < _limit(old, key) for key in keys)
+    raised = any(_limit(new, key) > _limit(old, key) for key in keys)
+    return raised and not lowered
+
+
+def delay_ms(config: QuotaUpserted) -> int:
+    """§8 rule 3: ``round(delay × 1000)`` ms."""
+    return round(config.preemption_delay_s * 1000)
+
+
+def on_quota_change(
+    state: ProjectedState, previous: QuotaUpserted | None, config: QuotaUpserted, ts: int
+) -> None:
+    """Re-evaluate a queue's quota-decrease timer after a change of its max or delay.
+
+    Disarmed if the delay is 0, if used fits the new max, or if the change only
+    raised max (delay unchanged); otherwise armed at ``ts + delay`` — a reset,
+    not a continuation (DESIGN §6 rule 1).
+    """
+    old_max = previous.max if previous is not None else None
+    old_delay = previous.preemption_delay_s if previous is not None else 0.0
+    max_changed = previous is None or old_max != config.max
+    delay_changed = old_delay != config.preemption_delay_s
+    if not (max_changed or delay_changed):
+        return
+    name = config.name
+    if config.preemption_delay_s <= 0:
+        state.decrease_deadlines.pop(name, None)
+        return
+    if not delay_changed and only_raised(old_max, config.max):
+        state.decrease_deadlines.pop(name, None)
+        return
+    settle(state)
+    if fits(state.quotas[name].used, config.max):
+        state.decrease_deadlines.pop(name, None)
+        return
+    state.decrease_deadlines[name] = ts + delay_ms(config)
+
+
+def on_leader(state: ProjectedState, event: LeaderElected) -> str | None:
+    """A new epoch must exceed the current one."""
+    if event.epoch <= state.leader_epoch:
+        return f"epoch: {event.epoch} is not newer than {state.leader_epoch}"
+    state.leader_epoch = event.epoch
+    return None
+
+
+def on_started(
+    state: ProjectedState, event: PreemptionStarted, offset: int, ts: int
+) -> str | None:
+    """Admit a preemption, or say why the guard refuses it."""
+    if event.epoch < state.leader_epoch:
+        return f"epoch: stale leader epoch {event.epoch} < {state.leader_epoch}"
+    if event.queue not in state.quotas:
+        return f"queue: unknown quota {event.queue!r}"
+    if event.preemption_id in state.preemptions or event.preemption_id in state.finished_preemptions:
+        return f"preemption_id: {event.preemption_id!r} already used"
+    holder = state.occupied.get(event.queue)
+    if holder is not None:
+        return f"queue: {event.queue!r} is occupied by preemption {holder!r}"
+    state.preemptions[event.preemption_id] = PreemptionRun(
+        preemption_id=event.preemption_id,
+        queue=event.queue,
+        cause=event.cause,
+        target=dict(event.target),
+        started_offset=offset,
+        started_ts=ts,
+        pod_uid=event.pod_uid,
+        occupied=[event.queue],
+    )
+    state.occupied[event.queue] = event.preemption_id
+    if event.cause == "quota-decrease":
+        state.decrease_deadlines.pop(event.queue, None)
+    return None
+
+
+def on_eviction(state: ProjectedState, event: EvictionRequested, offset: int) -> str | None:
+    """Admit an eviction of a running preemption; it occupies the pod's queue."""
+    if event.epoch < state.leader_epoch:
+        return f"epoch: stale leader epoch {event.epoch} < {state.leader_epoch}"
+    run = state.preemptions.get(event.preemption_id)
+    if run is None:
+        return f"preemption_id: {event.preemption_id!r} is not running"
+    if event.eviction_id in state.evictions:
+        return f"eviction_id: {event.eviction_id!r} already requested"
+    if event.pod_uid in state.evicting_pods:
+        return f"pod_uid: {event.pod_uid!r} is already being evicted"
+    queue = state.pod_quota.get(event.pod_uid)
+    if queue is None:
+        return f"pod_uid: {event.pod_uid!r} is not an active pod"
+    holder = state.occupied.get(queue)
+    if holder is not None and holder != event.preemption_id:
+        return f"queue: {queue!r} is occupied by preemption {holder!r}"
+    state.occupied[queue] = event.preemption_id
+    if queue not in run.occupied:
+        run.occupied.append(queue)
+    run.evictions.append(event.eviction_id)
+    state.evictions[event.eviction_id] = EvictionRun(
+        eviction_id=event.eviction_id,
+        preemption_id=event.preemption_id,
+        pod_uid=event.pod_uid,
+        queue=queue,
+        requested_offset=offset,
+    )
+    state.evicting_pods[event.pod_uid] = event.eviction_id
+    return None
+
+
+def settle_eviction(state: ProjectedState, eviction_id: str, outcome: str) -> None:
+    """Record an eviction's outcome (idempotent: the first outcome wins)."""
+    run = state.evictions.get(eviction_id)
+    if run is None or run.outcome is not None:
+        return
+    run.outcome = outcome
+    if state.evicting_pods.get(run.pod_uid) == eviction_id:
+        del state.evicting_pods[run.pod_uid]
+
+
+def on_eviction_outcome(
+    state: ProjectedState, event: EvictionSucceeded | EvictionFailed
+) -> str | None:
+    """Idempotent by eviction_id: a repeated or late outcome is a no-op."""
+    outcome = "succeeded" if isinstance(event, EvictionSucceeded) else "failed"
+    settle_eviction(state, event.eviction_id, outcome)
+    return None
+
+
+def on_pod_gone(state: ProjectedState, uid: str) -> None:
+    """A pod removed or no longer running: its eviction (if any) succeeded."""
+    eviction_id = state.evicting_pods.get(uid)
+    if eviction_id is not None:
+        settle_eviction(state, eviction_id, "succeeded")
+
+
+def on_finished(state: ProjectedState, event: PreemptionFinished) -> str | None:
+    """End a preemption: free every queue it occupied."""
+    run = state.preemptions.get(event.preemption_id)
+    if run is None:
+        return f"preemption_id: {event.preemption_id!r} is not running"
+    for queue in run.occupied:
+        if state.occupied.get(queue) == run.preemption_id:
+            del state.occupied[queue]
+    for eviction_id in run.evictions:
+        eviction = state.evictions.pop(eviction_id, None)
+        if eviction is not None and state.evicting_pods.get(eviction.pod_uid) == eviction_id:
+            del state.evicting_pods[eviction.pod_uid]
+    del state.preemptions[run.preemption_id]
+    state.finished_preemptions.add(run.preemption_id)
+    if run.cause == "overuse":
+        state.owing_held.add(run.queue)
+        state.owing_since.pop(run.queue, None)
+    elif run.cause == "reclaim" and run.pod_uid is not None:
+        state.starving_held.add(run.pod_uid)
+        state.starving_since.pop(run.pod_uid, None)
+    return None

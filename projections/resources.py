@@ -1,0 +1,119 @@
+"""Resource-list arithmetic and weighted water-filling (DESIGN §2, §5).
+
+A resource list (RL) maps a resource name to a canonical integer. In ``min``
+and ``requests`` an absent key is 0; in ``max``, ``lending_limit`` and
+``borrowing_limit`` an absent key, or a null list, is "no limit" (§8 rule 1).
+Derived lists are kept *sparse*: a zero amount is not stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+RL = dict[str, int]
+
+
+def add_into(total: RL, amounts: Mapping[str, int]) -> None:
+    """``total += amounts``, dropping keys that reach 0."""
+    for key, value in amounts.items():
+        if value:
+            new = total.get(key, 0) + value
+            if new:
+                total[key] = new
+            else:
+                del total[key]
+
+
+def sub_into(total: RL, amounts: Mapping[str, int]) -> None:
+    """``total -= amounts``, dropping keys that reach 0."""
+    for key, value in amounts.items():
+        if value:
+            new = total.get(key, 0) - value
+            if new:
+                total[key] = new
+            else:
+                del total[key]
+
+
+def summed(lists: Iterable[Mapping[str, int]]) -> RL:
+    """Σ of resource lists, sparse."""
+    out: RL = {}
+    for amounts in lists:
+        add_into(out, amounts)
+    return out
+
+
+def sparse(amounts: Mapping[str, int]) -> RL:
+    """The same list without zero amounts, keys sorted (a canonical form)."""
+    return {key: amounts[key] for key in sorted(amounts) if amounts[key]}
+
+
+def masked(amounts: Mapping[str, int], keys: Mapping[str, int] | None) -> RL:
+    """Keep only the resources ``keys`` lists; ``None`` keeps everything (§8 rule 1)."""
+    if keys is None:
+        return dict(amounts)
+    return {key: value for key, value in amounts.items() if key in keys}
+
+
+def fits(amounts: Mapping[str, int], limit: Mapping[str, int] | None) -> bool:
+    """True when no resource exceeds a limit list (absent key: no limit)."""
+    if limit is None:
+        return True
+    return all(amounts.get(key, 0) <= cap for key, cap in limit.items())
+
+
+def largest_remainder(amount: int, weights: list[tuple[str, int]]) -> dict[str, int]:
+    """Split ``amount`` by integer weights, exactly: each name gets
+    ⌊w·amount/W⌋ and the leftover units go one each to the largest remainders,
+    ties to the lexicographically smaller name (DESIGN §5 runtime step 3).
+
+    Names with weight 0 get 0; if every weight is 0 nothing is handed out.
+    """
+    total_weight = sum(weight for _, weight in weights)
+    shares = dict.fromkeys((name for name, _ in weights), 0)
+    if amount <= 0 or total_weight <= 0:
+        return shares
+    remainders: list[tuple[int, str]] = []
+    given = 0
+    for name, weight in weights:
+        quotient, remainder = divmod(weight * amount, total_weight)
+        shares[name] = quotient
+        given += quotient
+        if weight:
+            remainders.append((-remainder, name))
+    leftover = amount - given
+    if leftover:
+        remainders.sort()
+        for _, name in remainders[:leftover]:
+            shares[name] += 1
+    return shares
+
+
+def water_fill(pool: int, borrowers: list[tuple[str, int, int, int]]) -> dict[str, int]:
+    """Weighted water-filling of one resource (DESIGN §5 runtime step 3).
+
+    ``borrowers`` are ``(name, start, cap, weight)``: each starts at ``start``
+    and may grow up to ``cap`` (its limited request). While ``pool > 0`` and a
+    borrower below its cap has weight > 0, the pool is split by weight with
+    largest-remainder rounding; a borrower reaching its cap keeps the cap and
+    its excess becomes the next pool. Invariants: nobody ends above its cap,
+    and Σ(result − start) ≤ pool.
+    """
+    result = {name: start for name, start, _, _ in borrowers}
+    active = [(name, cap, weight) for name, start, cap, weight in borrowers if weight > 0]
+    active = [entry for entry in active if result[entry[0]] < entry[1]]
+    while pool > 0 and active:
+        shares = largest_remainder(pool, [(name, weight) for name, _, weight in active])
+        excess = 0
+        still: list[tuple[str, int, int]] = []
+        for name, cap, weight in active:
+            grown = result[name] + shares[name]
+            if grown >= cap:
+                excess += grown - cap
+                result[name] = cap
+            else:
+                result[name] = grown
+                still.append((name, cap, weight))
+        pool = excess
+        active = still
+    return result

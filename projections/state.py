@@ -1,0 +1,175 @@
+"""The projected state: plain data the pure folds read and write (DESIGN §5).
+
+Nothing here does I/O or reads a clock; times are ledger ``ts`` values in
+milliseconds. Derived numbers (request, runtime, available, ...) are
+recomputed lazily: a change marks quotas *dirty*, and
+:func:`quotaledger.projections.derive.settle` brings them up to date before
+anything reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+
+from quotaledger.events.model import PodUpserted, QuotaUpserted
+
+from .resources import RL
+
+ROOT = "root"
+SYSTEM = "system"
+DEFAULT = "default"
+BUILTIN = frozenset({SYSTEM, DEFAULT})
+ACTIVE_PHASES = frozenset({"Pending", "Running"})
+
+
+class Settings(msgspec.Struct, kw_only=True):
+    """Engine settings in force (DESIGN §4 ``SettingsChanged`` defaults)."""
+
+    min_scaling: bool = True
+    revoke_enabled: bool = True
+    revoke_after_s: float = 120.0
+    reclaim_enabled: bool = True
+    reclaim_after_s: float = 30.0
+    quota_preemption_enabled: bool = False
+    preemption_miss_percent: float = 0.0
+
+
+class Rejection(msgspec.Struct, frozen=True):
+    """A refused fact or decision, as listed in ``state.rejected`` (§8 rule 5)."""
+
+    offset: int
+    kind: str | None
+    reason: str
+
+
+class NamespaceUsage(msgspec.Struct):
+    """Σ requests of one namespace's active pods inside one leaf quota."""
+
+    request: RL = msgspec.field(default_factory=dict)
+    used: RL = msgspec.field(default_factory=dict)
+    pods: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class QuotaNode:
+    """One quota: its configuration, its pods' sums, and derived numbers.
+
+    ``pod_request``/``pod_used`` are Σ requests of the quota's active pods
+    (unmasked; used only for pods with a node, §8 rule 12). Derived lists are
+    sparse and valid only after ``settle``.
+    """
+
+    config: QuotaUpserted
+    pods: set[str] = field(default_factory=set)
+    pod_request: RL = field(default_factory=dict)
+    pod_used: RL = field(default_factory=dict)
+    namespaces: dict[str, NamespaceUsage] = field(default_factory=dict)
+    connected: bool = True
+    depth: int = 1
+    # derived, bottom-up
+    request: RL = field(default_factory=dict)
+    limited_request: RL = field(default_factory=dict)
+    used: RL = field(default_factory=dict)
+    subtree: RL = field(default_factory=dict)
+    local: RL = field(default_factory=dict)
+    usage: RL = field(default_factory=dict)
+    # derived, top-down
+    effective_min: RL = field(default_factory=dict)
+    runtime: RL = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def parent(self) -> str:
+        return self.config.parent
+
+    @property
+    def is_parent(self) -> bool:
+        return self.config.is_parent
+
+
+class PreemptionRun(msgspec.Struct, kw_only=True):
+    """A preemption between its ``PreemptionStarted`` and ``PreemptionFinished``."""
+
+    preemption_id: str
+    queue: str
+    cause: str
+    target: RL
+    started_offset: int
+    started_ts: int
+    pod_uid: str | None = None
+    occupied: list[str] = msgspec.field(default_factory=list)
+    evictions: list[str] = msgspec.field(default_factory=list)
+
+
+class EvictionRun(msgspec.Struct, kw_only=True):
+    """An eviction requested by a running preemption; ``outcome`` once known."""
+
+    eviction_id: str
+    preemption_id: str
+    pod_uid: str
+    queue: str
+    requested_offset: int
+    outcome: str | None = None  # "succeeded" | "failed"
+
+
+def builtin_config(name: str) -> QuotaUpserted:
+    """``system`` and ``default`` as they exist from the start (DESIGN §5 Tree)."""
+    return QuotaUpserted(name=name)
+
+
+@dataclass(slots=True, eq=False)
+class ProjectedState:
+    """Everything the fold knows at ``offset``; see module docstring."""
+
+    ledger_id: str | None = None
+    offset: int = -1
+    ts: int = 0
+    settings: Settings = field(default_factory=Settings)
+    leader_epoch: int = 0
+    nodes: dict[str, RL] = field(default_factory=dict)
+    allocatable: RL = field(default_factory=dict)
+    pods: dict[str, PodUpserted] = field(default_factory=dict)
+    pod_quota: dict[str, str] = field(default_factory=dict)  # active pods only
+    namespace_pods: dict[str, set[str]] = field(default_factory=dict)  # active pods
+    field_pods: dict[str, set[str]] = field(default_factory=dict)  # active, by `quota` field
+    quotas: dict[str, QuotaNode] = field(default_factory=dict)
+    children_of: dict[str, set[str]] = field(default_factory=dict)  # incl. missing parents
+    namespace_claims: dict[str, str] = field(default_factory=dict)
+    namespace_weights: dict[str, int] = field(default_factory=dict)
+    rejected: list[Rejection] = field(default_factory=list)
+    # DESIGN §6: timers and the one-preemption-per-queue guard
+    decrease_deadlines: dict[str, int] = field(default_factory=dict)
+    occupied: dict[str, str] = field(default_factory=dict)  # queue -> preemption_id
+    preemptions: dict[str, PreemptionRun] = field(default_factory=dict)  # running
+    evictions: dict[str, EvictionRun] = field(default_factory=dict)  # outstanding
+    evicting_pods: dict[str, str] = field(default_factory=dict)  # pod uid -> eviction_id
+    finished_preemptions: set[str] = field(default_factory=set)
+    # DESIGN §6 rules 2-3 clocks: queue/pod -> since ts; held ones wait for a fact
+    owing_since: dict[str, int] = field(default_factory=dict)
+    owing_held: set[str] = field(default_factory=set)
+    starving_since: dict[str, int] = field(default_factory=dict)
+    starving_held: set[str] = field(default_factory=set)
+    # lazy recompute bookkeeping
+    dirty: set[str] = field(default_factory=set)
+    total_dirty: bool = True
+    refill: set[str] = field(default_factory=set)
+    cluster_total: RL = field(default_factory=dict)
+    root_subtree: RL = field(default_factory=dict)
+    root_usage: RL = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls) -> ProjectedState:
+        state = cls()
+        for name in (SYSTEM, DEFAULT):
+            state.quotas[name] = QuotaNode(config=builtin_config(name))
+            state.children_of.setdefault(ROOT, set()).add(name)
+        return state
+
+    def children(self, name: str) -> set[str]:
+        """Quotas naming ``name`` as parent (existing ones; orphans included)."""
+        return self.children_of.get(name, set())

@@ -1,0 +1,203 @@
+"""The quota tree and pod association (DESIGN §5 Tree, §8 rules 7, 10-12).
+
+Only this module moves pods between quotas or changes the tree's shape, and it
+keeps the per-quota pod sums exact: a quota's ``pod_request`` is always the Σ
+requests of the active pods associated with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from quotaledger.events.model import PodUpserted, QuotaUpserted
+
+from .resources import add_into, sub_into
+from .state import (
+    ACTIVE_PHASES,
+    DEFAULT,
+    ROOT,
+    SYSTEM,
+    NamespaceUsage,
+    ProjectedState,
+    QuotaNode,
+)
+
+
+def is_active(pod: PodUpserted) -> bool:
+    """Active pods are Pending or Running (DESIGN §5)."""
+    return pod.phase in ACTIVE_PHASES
+
+
+def quota_for(state: ProjectedState, pod: PodUpserted) -> str:
+    """The quota a pod belongs to: first match of §8 rule 7.
+
+    Its ``quota`` field naming an existing quota; ``kube-system`` → system; a
+    quota named like its namespace; the quota listing its namespace; default.
+    A match that is a parent quota sends the pod to default.
+    """
+    quotas = state.quotas
+    if pod.quota is not None and pod.quota in quotas:
+        match = pod.quota
+    elif pod.namespace == "kube-system":
+        match = SYSTEM
+    elif pod.namespace in quotas:
+        match = pod.namespace
+    else:
+        match = state.namespace_claims.get(pod.namespace, DEFAULT)
+    if quotas[match].config.is_parent:
+        return DEFAULT
+    return match
+
+
+def mark_dirty(state: ProjectedState, name: str) -> None:
+    """Ask ``settle`` to recompute this quota and its ancestors."""
+    state.dirty.add(name)
+    if name in (SYSTEM, DEFAULT):
+        state.total_dirty = True
+
+
+def _charge(state: ProjectedState, node: QuotaNode, pod: PodUpserted, sign: int) -> None:
+    change = add_into if sign > 0 else sub_into
+    change(node.pod_request, pod.requests)
+    ns = node.namespaces.get(pod.namespace)
+    if ns is None:
+        ns = node.namespaces[pod.namespace] = NamespaceUsage()
+    change(ns.request, pod.requests)
+    if pod.node is not None:
+        change(node.pod_used, pod.requests)
+        change(ns.used, pod.requests)
+    ns.pods += sign
+    if ns.pods == 0:
+        del node.namespaces[pod.namespace]
+    mark_dirty(state, node.config.name)
+
+
+def attach_pod(state: ProjectedState, pod: PodUpserted) -> None:
+    """Count an active pod in its quota (and the indexes that find it again)."""
+    name = quota_for(state, pod)
+    state.pod_quota[pod.uid] = name
+    state.namespace_pods.setdefault(pod.namespace, set()).add(pod.uid)
+    if pod.quota is not None:
+        state.field_pods.setdefault(pod.quota, set()).add(pod.uid)
+    node = state.quotas[name]
+    node.pods.add(pod.uid)
+    _charge(state, node, pod, +1)
+
+
+def detach_pod(state: ProjectedState, pod: PodUpserted) -> None:
+    """Undo :func:`attach_pod` for a pod that was active."""
+    name = state.pod_quota.pop(pod.uid)
+    _discard(state.namespace_pods, pod.namespace, pod.uid)
+    if pod.quota is not None:
+        _discard(state.field_pods, pod.quota, pod.uid)
+    node = state.quotas[name]
+    node.pods.discard(pod.uid)
+    _charge(state, node, pod, -1)
+
+
+def _discard(index: dict[str, set[str]], key: str, uid: str) -> None:
+    members = index.get(key)
+    if members is not None:
+        members.discard(uid)
+        if not members:
+            del index[key]
+
+
+def reassociate(state: ProjectedState, namespaces: Iterable[str], quota_names: Iterable[str]) -> None:
+    """Re-run rule 7 for the active pods a configuration change may move:
+    those in ``namespaces`` and those whose ``quota`` field names one of
+    ``quota_names``."""
+    uids: set[str] = set()
+    for ns in namespaces:
+        uids |= state.namespace_pods.get(ns, set())
+    for name in quota_names:
+        uids |= state.field_pods.get(name, set())
+    for uid in sorted(uids):
+        pod = state.pods[uid]
+        if quota_for(state, pod) != state.pod_quota[uid]:
+            detach_pod(state, pod)
+            attach_pod(state, pod)
+
+
+def refresh_connectivity(state: ProjectedState, name: str) -> None:
+    """Recompute ``connected`` and ``depth`` for ``name``'s subtree (§8 rule 10):
+    a quota is connected when its chain of parents reaches root."""
+    node = state.quotas[name]
+    parent = node.config.parent
+    if parent == ROOT:
+        connected, depth = True, 1
+    elif parent in state.quotas:
+        above = state.quotas[parent]
+        connected, depth = above.connected, above.depth + 1
+    else:
+        connected, depth = False, 1
+    stack = [(name, connected, depth)]
+    while stack:
+        current, connected, depth = stack.pop()
+        node = state.quotas[current]
+        node.connected, node.depth = connected, depth
+        mark_dirty(state, current)
+        state.refill.add(current)
+        for child in state.children(current):
+            stack.append((child, connected, depth + 1))
+
+
+def put_quota(state: ProjectedState, config: QuotaUpserted) -> QuotaUpserted | None:
+    """Install a validated configuration; return the previous one.
+
+    Keeps the parent index, namespace claims and pod association in step, and
+    marks the old and new paths dirty.
+    """
+    name = config.name
+    node = state.quotas.get(name)
+    previous = node.config if node is not None else None
+    if node is None:
+        node = state.quotas[name] = QuotaNode(config=config)
+    else:
+        if previous is not None and previous.parent != config.parent:
+            _discard(state.children_of, previous.parent, name)
+            _mark_parent_refill(state, previous.parent)
+        node.config = config
+    state.children_of.setdefault(config.parent, set()).add(name)
+    old_namespaces = previous.namespaces if previous is not None else []
+    for ns in old_namespaces:
+        if state.namespace_claims.get(ns) == name:
+            del state.namespace_claims[ns]
+    for ns in config.namespaces:
+        state.namespace_claims[ns] = name
+    refresh_connectivity(state, name)
+    _mark_parent_refill(state, config.parent)
+    reassociate(state, {name, *old_namespaces, *config.namespaces}, {name})
+    return previous
+
+
+def drop_quota(state: ProjectedState, name: str) -> None:
+    """Remove a validated-removable quota (no children, no pods)."""
+    node = state.quotas.pop(name)
+    _discard(state.children_of, node.config.parent, name)
+    for ns in node.config.namespaces:
+        if state.namespace_claims.get(ns) == name:
+            del state.namespace_claims[ns]
+    _mark_parent_refill(state, node.config.parent)
+    state.decrease_deadlines.pop(name, None)
+    state.owing_since.pop(name, None)
+    state.owing_held.discard(name)
+    reassociate(state, {name, *node.config.namespaces}, {name})
+
+
+def _mark_parent_refill(state: ProjectedState, parent: str) -> None:
+    if parent == ROOT:
+        state.total_dirty = True
+    elif parent in state.quotas:
+        mark_dirty(state, parent)
+        state.refill.add(parent)
+
+
+def ancestors(state: ProjectedState, name: str) -> list[str]:
+    """Existing ancestors of a quota, nearest first (root excluded)."""
+    out: list[str] = []
+    parent = state.quotas[name].config.parent
+    while parent != ROOT and parent in state.quotas and parent not in out:
+        out.append(parent)
+        parent = state.quotas[parent].config.parent
+    return out

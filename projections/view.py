@@ -1,0 +1,137 @@
+"""The state JSON of DESIGN §7 and the state hash (DESIGN §5 "State hash").
+
+The hash is a SHA-256 over a canonical (sorted-key) encoding of everything the
+projection knows that the facts determine — the state JSON without ``offset``,
+``time``, ``hash`` and ``rejected``, plus every pod, node, setting, namespace
+weight and running preemption. So full replay, snapshot + tail and a live
+engine at the same offset agree, and a rejected fact leaves the hash unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from .available import reported_available
+from .derive import settle
+from .fair_share import fair_shares
+from .resources import RL, sparse
+from .state import ProjectedState
+
+_ENCODER = msgspec.json.Encoder(order="sorted")
+
+
+def rfc3339(ts_ms: int) -> str:
+    """A ledger ts as RFC 3339 UTC; milliseconds only when not whole seconds."""
+    moment = datetime.fromtimestamp(ts_ms / 1000, tz=UTC)
+    if ts_ms % 1000:
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts_ms % 1000:03d}Z"
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _config_rl(amounts: RL | None) -> RL | None:
+    return None if amounts is None else {key: amounts[key] for key in sorted(amounts)}
+
+
+def quota_view(state: ProjectedState, name: str, memo: dict[str, RL]) -> dict[str, Any]:
+    """One quota as in ``state.quotas[name]`` (call after ``settle``)."""
+    node = state.quotas[name]
+    config = node.config
+    shares = fair_shares(node, state.namespace_weights)
+    namespaces = {
+        ns: {
+            "weight": state.namespace_weights.get(ns, 1),
+            "request": sparse(usage.request),
+            "used": sparse(usage.used),
+            "fair_share": shares[ns],
+        }
+        for ns, usage in sorted(node.namespaces.items())
+    }
+    return {
+        "parent": config.parent,
+        "is_parent": config.is_parent,
+        "orphan": not node.connected,
+        "min": _config_rl(config.min),
+        "max": _config_rl(config.max),
+        "effective_min": sparse(node.effective_min),
+        "shared_weight": _config_rl(config.shared_weight),
+        "allow_lent": config.allow_lent,
+        "lending_limit": _config_rl(config.lending_limit),
+        "borrowing_limit": _config_rl(config.borrowing_limit),
+        "request": sparse(node.request),
+        "limited_request": sparse(node.limited_request),
+        "used": sparse(node.used),
+        "runtime": sparse(node.runtime),
+        "available": sparse(reported_available(state, name, memo)),
+        "pods": sorted(node.pods),
+        "children": sorted(state.children(name)),
+        "namespaces": namespaces,
+    }
+
+
+def _body(state: ProjectedState) -> dict[str, Any]:
+    settle(state)
+    memo: dict[str, RL] = {}
+    from .state import DEFAULT, SYSTEM
+
+    queues = sorted(set(state.decrease_deadlines) | set(state.occupied))
+    return {
+        "cluster": {
+            "allocatable": sparse(state.allocatable),
+            "system_used": sparse(state.quotas[SYSTEM].used),
+            "default_used": sparse(state.quotas[DEFAULT].used),
+            "total": sparse(state.cluster_total),
+        },
+        "quotas": {name: quota_view(state, name, memo) for name in sorted(state.quotas)},
+        "preemptions": {
+            queue: {
+                "deadline": (
+                    rfc3339(state.decrease_deadlines[queue])
+                    if queue in state.decrease_deadlines
+                    else None
+                ),
+                "running": state.occupied.get(queue),
+            }
+            for queue in queues
+        },
+    }
+
+
+def state_hash(state: ProjectedState, body: dict[str, Any] | None = None) -> str:
+    """SHA-256 of the canonical state (see module docstring)."""
+    digest = hashlib.sha256()
+    digest.update(_ENCODER.encode(body if body is not None else _body(state)))
+    digest.update(_ENCODER.encode(state.settings))
+    digest.update(_ENCODER.encode(state.nodes))
+    digest.update(_ENCODER.encode(state.namespace_weights))
+    digest.update(_ENCODER.encode([state.leader_epoch, sorted(state.finished_preemptions)]))
+    digest.update(_ENCODER.encode(state.preemptions))
+    digest.update(_ENCODER.encode(state.evictions))
+    digest.update(_ENCODER.encode([state.owing_since, sorted(state.owing_held)]))
+    digest.update(_ENCODER.encode([state.starving_since, sorted(state.starving_held)]))
+    for uid in sorted(state.pods):
+        digest.update(_ENCODER.encode(state.pods[uid]))
+    return digest.hexdigest()
+
+
+def state_json(state: ProjectedState) -> dict[str, Any]:
+    """The whole state JSON of DESIGN §7."""
+    body = _body(state)
+    return {
+        "offset": state.offset,
+        "time": rfc3339(state.ts),
+        "hash": state_hash(state, body),
+        **body,
+        "rejected": [
+            {"offset": item.offset, "kind": item.kind, "reason": item.reason}
+            for item in state.rejected
+        ],
+    }
+
+
+def encode_json(document: Any) -> bytes:
+    """Canonical JSON bytes (sorted keys) of a view document."""
+    return _ENCODER.encode(document)
