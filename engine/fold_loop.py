@@ -1,0 +1,61 @@
+"""Folding a stream of records into a projection, with a stop point (DESIGN §7 replay).
+
+``--until`` takes an offset (inclusive) or a time (records with ts ≤ it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from quotaledger.events.ledger import Record
+from quotaledger.projections import Projection
+
+
+@dataclass(frozen=True, slots=True)
+class Until:
+    """Where a replay stops: an offset, a ts in ms, or nowhere."""
+
+    offset: int | None = None
+    ts: int | None = None
+
+    def reached(self, record: Record) -> bool:
+        if self.offset is not None and record.offset > self.offset:
+            return True
+        return self.ts is not None and record.ts > self.ts
+
+
+def parse_until(text: str | None) -> Until:
+    """``123`` is an offset; anything else must be an RFC 3339 time."""
+    if text is None:
+        return Until()
+    if text.isdigit():
+        return Until(offset=int(text))
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"--until: {text!r} is neither an offset nor an RFC 3339 time") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return Until(ts=int(moment.timestamp() * 1000))
+
+
+def fold(
+    projection: Projection,
+    batches: Iterable[Iterable[Record]],
+    until: Until = Until(),
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Apply records until the stop point; return how many were applied."""
+    applied = 0
+    apply_record = projection.apply_record
+    for batch in batches:
+        for record in batch:
+            if until.reached(record):
+                return applied
+            apply_record(record)
+            applied += 1
+        if progress is not None:
+            progress(applied)
+    return applied
