@@ -16,7 +16,16 @@ from .model import Event
 
 _JSON_DECODER = msgspec.json.Decoder(Event)
 _JSON_ENCODER = msgspec.json.Encoder()
-_KIND_ONLY = msgspec.json.Decoder(dict[str, Any])
+
+
+class _KindOnly(msgspec.Struct):
+    """Reads only ``kind``; other fields are skipped unvalidated, so a payload
+    refused for, say, an out-of-range number still reports its kind."""
+
+    kind: Any = None
+
+
+_KIND_ONLY = msgspec.json.Decoder(_KindOnly)
 
 
 class EventError(ValueError):
@@ -31,17 +40,16 @@ class EventError(ValueError):
 def peek_kind(payload: bytes | str) -> str | None:
     """The ``kind`` string of a JSON object, or None when there is none to read."""
     try:
-        obj = _KIND_ONLY.decode(payload)
+        kind = _KIND_ONLY.decode(payload).kind
     except (msgspec.DecodeError, TypeError):
         return None
-    kind = obj.get("kind")
     return kind if isinstance(kind, str) else None
 
 
 def decode_event(payload: bytes | str) -> Event:
     """Decode one event (DESIGN §4), or raise :class:`EventError` naming the field."""
     try:
-        event = _JSON_DECODER.decode(payload)
+        event: Event = _JSON_DECODER.decode(payload)
         canonicalize = getattr(event, "canonicalize", None)
         if canonicalize is not None:
             canonicalize()

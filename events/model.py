@@ -27,7 +27,10 @@ if TYPE_CHECKING:
     #: After decoding, every amount of a fact is a canonical integer.
     InputAmount = int
 else:
-    InputAmount = Union[int, float, str]
+    # ``bool`` and ``None`` are let through the decoder only so that
+    # canonical_amount refuses them naming `$.field.resource` (msgspec itself
+    # would only say `$.field[...]`).
+    InputAmount = Union[None, bool, int, float, str]
 
 #: A resource list: resource name -> canonical amount (DESIGN §2).
 RL = dict[str, int]

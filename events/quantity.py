@@ -102,7 +102,10 @@ def format_amount(resource: str, amount: int) -> str:
         if amount % 1000 == 0:
             return f"{amount // 1000} {resource}"
         if amount % 100 == 0 or amount >= 10_000:
-            return f"{amount / 1000:g} {resource}"
+            # Exact decimal cores: a float with ``:g`` would round large amounts
+            # (1000001m -> "1000 cpu") and switch to exponent notation.
+            whole, milli = divmod(amount, 1000)
+            return f"{whole}.{milli:03d}".rstrip("0") + f" {resource}"
         return f"{amount}m {resource}"
     if resource in ("memory", "ephemeral-storage", "storage") or resource.endswith("memory"):
         for suffix, size in (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30)):
