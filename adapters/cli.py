@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import sys
 import time
@@ -127,7 +128,11 @@ def fold_path(path: Path, args: argparse.Namespace) -> Projection:
         projection = Projection()
         size = path.stat().st_size
         progress = Progress("replay", None, sys.stderr, _progress_enabled(args) and size > 1 << 24)
-        fold(projection, _batched(records(path, skip_invalid=args.skip_invalid)), until, progress)
+        stream: Iterable[Record] = records(path, skip_invalid=args.skip_invalid)
+        if until.offset is not None:
+            # Do not even read (and fail on) lines past the stop offset.
+            stream = itertools.islice(stream, until.offset + 1)
+        fold(projection, _batched(stream), until, progress)
         progress.close()
         return projection
     return asyncio.run(_fold_ledger(path, until, args))
@@ -158,11 +163,16 @@ def cmd_tree(args: argparse.Namespace) -> int:
 async def _ingest(source: Path, target: Path, skip_invalid: bool) -> tuple[int, int]:
     from .sqlite_ledger import SqliteLedger
 
-    ledger = await SqliteLedger.open(str(target), create=True)
+    new = not target.exists() or target.stat().st_size == 0
+    # A new ledger's LedgerOpened is stamped at the epoch, as in a JSONL replay:
+    # at the wall clock it would clamp every older `at` of the file up to now.
+    clock: dict[str, Any] = {"clock_ms": lambda: 0} if new else {}
+    ledger = await SqliteLedger.open(str(target), create=True, **clock)
     try:
         count = 0
         batch: list[Append] = []
-        for line in read_lines(source, skip_invalid=skip_invalid):
+        first = await ledger.last_offset() + 1
+        for line in read_lines(source, skip_invalid=skip_invalid, first_offset=first):
             batch.append(Append(payload=line.payload, ts=line.ts))
             if len(batch) >= 1000:
                 await ledger.append(batch)

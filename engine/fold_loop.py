@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from quotaledger.events.ledger import Record
 from quotaledger.projections import Projection
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +40,9 @@ def parse_until(text: str | None) -> Until:
         raise ValueError(f"--until: {text!r} is neither an offset nor an RFC 3339 time") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return Until(ts=int(moment.timestamp() * 1000))
+    # Exact integer milliseconds, as the JSONL reader computes a record's ts
+    # (float ``timestamp() * 1000`` is off by one for some times).
+    return Until(ts=(moment - _EPOCH) // timedelta(milliseconds=1))
 
 
 def fold(
