@@ -29,7 +29,10 @@ file and across crashes (``kill -9``) of any of them:
 
 Threading model: all writes (the group commit, snapshots, opening and closing)
 run on one dedicated writer thread with its own connection, because
-``BEGIN IMMEDIATE`` may wait up to ``busy_timeout_ms`` for another process.
+``BEGIN IMMEDIATE`` may wait up to ``busy_timeout_ms`` for another process. That
+wait is a retry loop with short jittered sleeps (0.1-2 ms) rather than SQLite's
+own busy handler, whose sleeps grow to 100 ms and let a busy process starve
+another one.
 Concurrent :meth:`~SqliteLedger.append` calls queue their batches; a writer task
 drains everything queued, commits it in **one** transaction on that thread and
 then resolves every caller (group commit; :attr:`~SqliteLedger.commit_count`
@@ -47,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import sqlite3
 import time
 import uuid
@@ -54,7 +58,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import starmap
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 from quotaledger.events.codec import EventError, decode_event, encode_event
@@ -181,15 +185,19 @@ class SqliteLedger:
         writer: sqlite3.Connection | None = None
         reader: sqlite3.Connection | None = None
         try:
+            # The writer waits for the lock in _write_transaction, not in SQLite.
             writer = await loop.run_in_executor(
-                executor, _connect, fspath, "rwc" if create else "rw", busy_timeout_ms
+                executor, _connect, fspath, "rwc" if create else "rw", 0
             )
             found = await loop.run_in_executor(
-                executor, _init_file, writer, fspath, create, ledger_id, now
+                executor, _init_file, writer, fspath, create, ledger_id, now, busy_timeout_ms
             )
             reader = _connect(fspath, "rw", busy_timeout_ms)
             reader.execute("PRAGMA query_only = ON")
-        except sqlite3.DatabaseError as exc:
+        except sqlite3.OperationalError as exc:  # cannot open, locked, read-only, ...
+            await _discard(loop, executor, writer, reader)
+            raise LedgerError(f"cannot open ledger {fspath}: {exc}") from None
+        except sqlite3.DatabaseError as exc:  # "file is not a database", corruption
             await _discard(loop, executor, writer, reader)
             raise LedgerError(f"{fspath} is not a quotaledger ledger: {exc}") from None
         except sqlite3.Error as exc:
@@ -241,6 +249,7 @@ class SqliteLedger:
 
     @property
     def closed(self) -> bool:
+        """True once :meth:`close` has finished committing what was queued."""
         return self._closed
 
     # ---------------------------------------------------------------- append
@@ -309,31 +318,7 @@ class SqliteLedger:
 
         Returns the first offset of each batch.
         """
-        conn = self._wconn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            tail = conn.execute(_SELECT_TAIL).fetchall()
-            if not tail:
-                raise LedgerError(f"ledger {self._path} lost its record 0")
-            offset = tail[0][0] + 1
-            last_ts = tail[0][1]
-            rows: list[tuple[int, int, str | bytes]] = []
-            firsts: list[int] = []
-            for items in batches:
-                firsts.append(offset)
-                for item in items:
-                    ts = now if item.ts is None else item.ts
-                    if ts < last_ts:
-                        ts = last_ts
-                    last_ts = ts
-                    rows.append((offset, ts, _db_payload(item.payload)))
-                    offset += 1
-            conn.executemany(_INSERT, rows)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+        firsts = _write_transaction(self._wconn, self._busy_timeout_ms, _insert, batches, now)
         self.commit_count += 1
         return firsts
 
@@ -447,23 +432,7 @@ class SqliteLedger:
             raise LedgerError(f"saving a snapshot to {self._path} failed: {exc}") from None
 
     def _save_snapshot(self, snapshot: Snapshot) -> None:
-        conn = self._wconn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            last = conn.execute("SELECT max(offset) FROM records").fetchall()[0][0]
-            if not 0 <= snapshot.offset <= (-1 if last is None else last):
-                raise LedgerError(
-                    f"snapshot offset {snapshot.offset} is outside the ledger (last offset {last})"
-                )
-            conn.execute(
-                "INSERT OR REPLACE INTO snapshots (offset, blob) VALUES (?, ?)",
-                (snapshot.offset, snapshot.blob),
-            )
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+        _write_transaction(self._wconn, self._busy_timeout_ms, _insert_snapshot, snapshot)
 
     async def load_snapshot(self, at_most: int | None = None) -> Snapshot | None:
         """The newest snapshot whose offset is ``<= at_most`` (the newest if None)."""
@@ -538,43 +507,138 @@ def _connect(path: str, mode: str, busy_timeout_ms: int) -> sqlite3.Connection:
     return conn
 
 
-def _init_file(
-    conn: sqlite3.Connection, path: str, create: bool, ledger_id: str | None, now: int
-) -> str:
-    """Writer thread: set WAL, create schema + record 0 if empty, return the ledger id."""
-    mode = _as_bytes(conn.execute("PRAGMA journal_mode = WAL").fetchall()[0][0]).decode()
-    if mode.lower() != "wal":
-        raise LedgerError(f"ledger {path}: SQLite refused WAL mode (journal_mode={mode})")
-    conn.execute("PRAGMA synchronous = NORMAL")
+_T = TypeVar("_T")
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _retry_busy(timeout_ms: int, fn: Callable[..., _T], *args: Any) -> _T:
+    """Run ``fn(*args)`` until SQLite stops answering "busy", for ``timeout_ms`` at most.
+
+    ``fn`` must leave no transaction open when it raises (nothing of it is kept).
+    """
+    deadline = time.monotonic() + timeout_ms / 1000
+    pause = 0.0002
+    while True:
+        try:
+            return fn(*args)
+        except sqlite3.OperationalError as exc:
+            if not _is_busy(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(random.uniform(pause / 2, pause))
+        pause = min(pause * 2, 0.002)
+
+
+def _transaction(conn: sqlite3.Connection, fn: Callable[..., _T], *args: Any) -> _T:
+    """``fn(conn, *args)`` inside ``BEGIN IMMEDIATE`` ... ``COMMIT``; rolled back if it raises."""
     conn.execute("BEGIN IMMEDIATE")
     try:
-        tables = {
-            _as_bytes(row[0]).decode()
-            for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-        }
-        if not tables:
-            if not create:
-                raise LedgerError(f"{path} is an empty file, not a ledger (and create=False)")
-            new_id = ledger_id if ledger_id is not None else uuid.uuid4().hex
-            for statement in _SCHEMA:
-                conn.execute(statement)
-            conn.executemany(
-                "INSERT INTO meta (key, value) VALUES (?, ?)",
-                [
-                    ("format", FORMAT),
-                    ("schema_version", str(SCHEMA_VERSION)),
-                    ("ledger_id", new_id),
-                ],
-            )
-            opened = encode_event(LedgerOpened(ledger_id=new_id))
-            conn.execute(_INSERT, (0, now, _db_payload(opened)))
-            tables = set(_TABLES)
+        result = fn(conn, *args)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
-    return _check_file(conn, path, tables)
+    return result
+
+
+def _write_transaction(
+    conn: sqlite3.Connection, timeout_ms: int, fn: Callable[..., _T], *args: Any
+) -> _T:
+    """A write transaction that waits up to ``timeout_ms`` for the write lock."""
+
+    def attempt() -> _T:
+        return _transaction(conn, fn, *args)
+
+    return _retry_busy(timeout_ms, attempt)
+
+
+def _insert(conn: sqlite3.Connection, batches: list[list[Append]], now: int) -> list[int]:
+    """Number and insert ``batches`` after the current tail (inside the transaction).
+
+    Reading the tail under the write lock is what keeps offsets gap-free and
+    ``ts`` non-decreasing with several writers (DESIGN §3).
+    """
+    tail = conn.execute(_SELECT_TAIL).fetchall()
+    if not tail:
+        raise LedgerError("the ledger lost its record 0")
+    offset = tail[0][0] + 1
+    last_ts = tail[0][1]
+    rows: list[tuple[int, int, str | bytes]] = []
+    firsts: list[int] = []
+    for items in batches:
+        firsts.append(offset)
+        for item in items:
+            ts = now if item.ts is None else item.ts
+            if ts < last_ts:
+                ts = last_ts
+            last_ts = ts
+            rows.append((offset, ts, _db_payload(item.payload)))
+            offset += 1
+    conn.executemany(_INSERT, rows)
+    return firsts
+
+
+def _insert_snapshot(conn: sqlite3.Connection, snapshot: Snapshot) -> None:
+    last = conn.execute("SELECT max(offset) FROM records").fetchall()[0][0]
+    if not 0 <= snapshot.offset <= (-1 if last is None else last):
+        raise LedgerError(
+            f"snapshot offset {snapshot.offset} is outside the ledger (last offset {last})"
+        )
+    conn.execute(
+        "INSERT OR REPLACE INTO snapshots (offset, blob) VALUES (?, ?)",
+        (snapshot.offset, snapshot.blob),
+    )
+
+
+def _init_file(
+    conn: sqlite3.Connection,
+    path: str,
+    create: bool,
+    ledger_id: str | None,
+    now: int,
+    timeout_ms: int,
+) -> str:
+    """Writer thread: set WAL, create schema + record 0 if empty, return the ledger id."""
+    mode = _retry_busy(timeout_ms, _journal_mode_wal, conn)
+    if mode.lower() != "wal":
+        raise LedgerError(f"ledger {path}: SQLite refused WAL mode (journal_mode={mode})")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    tables = _write_transaction(conn, timeout_ms, _create_schema, path, create, ledger_id, now)
+    return _retry_busy(timeout_ms, _check_file, conn, path, tables)
+
+
+def _journal_mode_wal(conn: sqlite3.Connection) -> str:
+    return _as_bytes(conn.execute("PRAGMA journal_mode = WAL").fetchall()[0][0]).decode()
+
+
+def _create_schema(
+    conn: sqlite3.Connection, path: str, create: bool, ledger_id: str | None, now: int
+) -> set[str]:
+    """Inside the transaction: the schema and record 0 of an empty file; the table names."""
+    tables = {
+        _as_bytes(row[0]).decode()
+        for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+    }
+    if tables:
+        return tables
+    if not create:
+        raise LedgerError(f"{path} is an empty file, not a ledger (and create=False)")
+    new_id = ledger_id if ledger_id is not None else uuid.uuid4().hex
+    for statement in _SCHEMA:
+        conn.execute(statement)
+    conn.executemany(
+        "INSERT INTO meta (key, value) VALUES (?, ?)",
+        [("format", FORMAT), ("schema_version", str(SCHEMA_VERSION)), ("ledger_id", new_id)],
+    )
+    opened = encode_event(LedgerOpened(ledger_id=new_id))
+    conn.execute(_INSERT, (0, now, _db_payload(opened)))
+    return set(_TABLES)
 
 
 def _check_file(conn: sqlite3.Connection, path: str, tables: set[str]) -> str:
