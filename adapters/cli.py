@@ -303,7 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ingest.add_argument("source", help="FILE.jsonl")
     ingest.add_argument("ledger", help="SQLite ledger file (created if missing)")
-    ingest.add_argument("--skip-invalid", action="store_true", help="keep bad lines as FactRejected")
+    ingest.add_argument(
+        "--skip-invalid", action="store_true", help="keep bad lines as FactRejected"
+    )
     ingest.set_defaults(handler=cmd_ingest)
 
     snapshot = commands.add_parser(
@@ -320,7 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
         "bench",
         help="measure throughput and latency",
         description="Benchmarks on generated workloads; --json emits one JSON object.",
-        epilog="examples:\n  quotaledger bench fold\n  quotaledger bench fold --json --events 200000\n",
+        epilog="examples:\n  quotaledger bench fold\n"
+        "  quotaledger bench fold --json --events 200000\n",
         formatter_class=raw,
     )
     bench.add_argument("suite", choices=["fold"], help="which benchmark")

@@ -56,9 +56,7 @@ def tree_text(state: dict[str, Any]) -> str:
     top = [name for name, quota in quotas.items() if quota["parent"] == "root"]
     walk(sorted(top), "")
     orphans = sorted(
-        name
-        for name, quota in quotas.items()
-        if quota["orphan"] and quota["parent"] not in quotas
+        name for name, quota in quotas.items() if quota["orphan"] and quota["parent"] not in quotas
     )
     if orphans:
         lines.append("orphans (parent missing)")
@@ -67,5 +65,5 @@ def tree_text(state: dict[str, Any]) -> str:
     for queue, info in sorted(running.items()):
         lines.append(f"preemption {queue}: deadline {info['deadline']} running {info['running']}")
     if state["rejected"]:
-        lines.append(f"{len(state['rejected'])} rejected record(s); see --json")
+        lines.append(f"{len(state['rejected'])} rejected record(s); see `replay --json`")
     return "\n".join(lines)

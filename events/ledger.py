@@ -58,9 +58,7 @@ class Ledger(Protocol):
         """Append atomically (group commit); return the assigned offsets."""
         ...
 
-    def read(
-        self, from_offset: int = 0, *, follow: bool = False
-    ) -> AsyncIterator[list[Record]]:
+    def read(self, from_offset: int = 0, *, follow: bool = False) -> AsyncIterator[list[Record]]:
         """Yield records from ``from_offset`` in batches; with ``follow``,
         wait for new records at the tail instead of stopping."""
         ...

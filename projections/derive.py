@@ -57,7 +57,7 @@ def settle(state: ProjectedState) -> None:
             state.cluster_total = total
             root_changed = True
         state.total_dirty = False
-    if root_changed:
+    if root_changed or ROOT in state.refill:
         _root_sums(state)
         state.refill.add(ROOT)
     _refill(state)

@@ -8,6 +8,8 @@ recorded in ``state.rejected`` (§8 rule 5) and changes nothing else.
 
 from __future__ import annotations
 
+from msgspec import UNSET
+
 from quotaledger.events.codec import EventError, decode_event
 from quotaledger.events.ledger import Record
 from quotaledger.events.model import (
@@ -30,7 +32,6 @@ from quotaledger.events.model import (
     SettingsChanged,
     kind_of,
 )
-from msgspec import UNSET
 
 from . import guard
 from .derive import settle
@@ -127,7 +128,7 @@ class Projection:
             return self._settings(event)
         return self._decision(offset, ts, event)
 
-    def _pod_upserted(self, pod: PodUpserted) -> None:
+    def _pod_upserted(self, pod: PodUpserted) -> str | None:
         state = self.state
         old = state.pods.get(pod.uid)
         if old is not None and is_active(old):
@@ -139,7 +140,7 @@ class Projection:
             guard.on_pod_gone(state, pod.uid)
         return None
 
-    def _settings(self, event: SettingsChanged) -> None:
+    def _settings(self, event: SettingsChanged) -> str | None:
         settings = self.state.settings
         before = settings.min_scaling
         for field in SettingsChanged.__struct_fields__:

@@ -84,15 +84,16 @@ def on_leader(state: ProjectedState, event: LeaderElected) -> str | None:
     return None
 
 
-def on_started(
-    state: ProjectedState, event: PreemptionStarted, offset: int, ts: int
-) -> str | None:
+def on_started(state: ProjectedState, event: PreemptionStarted, offset: int, ts: int) -> str | None:
     """Admit a preemption, or say why the guard refuses it."""
     if event.epoch < state.leader_epoch:
         return f"epoch: stale leader epoch {event.epoch} < {state.leader_epoch}"
     if event.queue not in state.quotas:
         return f"queue: unknown quota {event.queue!r}"
-    if event.preemption_id in state.preemptions or event.preemption_id in state.finished_preemptions:
+    if (
+        event.preemption_id in state.preemptions
+        or event.preemption_id in state.finished_preemptions
+    ):
         return f"preemption_id: {event.preemption_id!r} already used"
     holder = state.occupied.get(event.queue)
     if holder is not None:

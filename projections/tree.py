@@ -103,7 +103,9 @@ def _discard(index: dict[str, set[str]], key: str, uid: str) -> None:
             del index[key]
 
 
-def reassociate(state: ProjectedState, namespaces: Iterable[str], quota_names: Iterable[str]) -> None:
+def reassociate(
+    state: ProjectedState, namespaces: Iterable[str], quota_names: Iterable[str]
+) -> None:
     """Re-run rule 7 for the active pods a configuration change may move:
     those in ``namespaces`` and those whose ``quota`` field names one of
     ``quota_names``."""
@@ -187,7 +189,7 @@ def drop_quota(state: ProjectedState, name: str) -> None:
 
 def _mark_parent_refill(state: ProjectedState, parent: str) -> None:
     if parent == ROOT:
-        state.total_dirty = True
+        state.refill.add(ROOT)
     elif parent in state.quotas:
         mark_dirty(state, parent)
         state.refill.add(parent)

@@ -64,9 +64,7 @@ def check_upsert(state: ProjectedState, config: QuotaUpserted) -> str | None:
             if chain == name:
                 return f"parent: making {parent!r} the parent of {name!r} creates a cycle"
             chain = state.quotas[chain].config.parent
-        siblings = [
-            state.quotas[child].config for child in state.children(parent) if child != name
-        ]
+        siblings = [state.quotas[child].config for child in state.children(parent) if child != name]
         short = _uncovered(above.min, _sum_mins([*siblings, config]))
         if short:
             return f"min: parent {parent!r} min does not cover its children's mins ({short})"

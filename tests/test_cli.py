@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from quotaledger.adapters.cli import main
 
 REPO = Path(__file__).resolve().parent.parent

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from msgspec import UNSET
+
 from quotaledger.events.codec import EventError, decode_event, encode_event, peek_kind, to_builtins
 from quotaledger.events.model import (
     EvictionFailed,

@@ -9,6 +9,7 @@ from fractions import Fraction
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from quotaledger.events.quantity import (
     QuantityError,
     canonical_amount,

@@ -22,6 +22,7 @@ from typing import IO
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from quotaledger.adapters.sqlite_ledger import SqliteLedger
 from quotaledger.events import (
     Append,

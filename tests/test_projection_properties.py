@@ -1,0 +1,102 @@
+"""Invariants of the fold, property-tested (DESIGN §5; issue #2)."""
+
+from __future__ import annotations
+
+import copy
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quotaledger.events.model import Event, LedgerOpened
+from quotaledger.projections import Projection, recompute_all, state_json
+from quotaledger.projections.snapshot import dump, load
+from quotaledger.projections.state import BUILTIN, ROOT
+
+from .scenarios import events, fold, histories
+
+PROPERTY = settings(max_examples=150, deadline=None)
+
+
+@PROPERTY
+@given(histories())
+def test_same_input_twice_gives_the_same_state_and_hash(history: list[Event]) -> None:
+    first = state_json(fold(history).state)
+    second = state_json(fold(copy.deepcopy(history)).state)
+    assert first == second
+
+
+@PROPERTY
+@given(histories())
+def test_incremental_settle_equals_full_recompute(history: list[Event]) -> None:
+    projection = Projection()
+    projection.apply(0, 0, LedgerOpened(ledger_id="t"))
+    # read the state after every event, so every incremental path is exercised
+    for offset, event in enumerate(history, start=1):
+        projection.apply(offset, offset, event)
+        projection.settled()
+    incremental = state_json(projection.state)
+    recompute_all(projection.state)
+    assert state_json(projection.state) == incremental
+
+
+@PROPERTY
+@given(histories(), st.data())
+def test_snapshot_plus_tail_equals_full_replay(history: list[Event], data: st.DataObject) -> None:
+    cut = data.draw(st.integers(min_value=0, max_value=len(history)))
+    full = fold(history, ts_step=7)
+    head = fold(history[:cut], ts_step=7)
+    restored = Projection(load(dump(head.state)))
+    for offset, event in enumerate(history[cut:], start=cut + 1):
+        restored.apply(offset, offset * 7, event)
+    assert state_json(restored.state) == state_json(full.state)
+
+
+@PROPERTY
+@given(histories())
+def test_runtime_never_exceeds_limited_request_and_children_fit_parent(
+    history: list[Event],
+) -> None:
+    state = fold(history).settled()
+    for node in state.quotas.values():
+        for key, value in node.runtime.items():
+            assert value <= node.limited_request.get(key, 0), (node.name, key)
+    if not state.settings.min_scaling:
+        return
+    parents = {ROOT: state.cluster_total}
+    parents.update({n.name: n.runtime for n in state.quotas.values() if n.config.is_parent})
+    for parent, runtime in parents.items():
+        children = [
+            state.quotas[c]
+            for c in state.children(parent)
+            if state.quotas[c].connected and c not in BUILTIN
+        ]
+        for key in {k for child in children for k in child.runtime}:
+            assert sum(child.runtime.get(key, 0) for child in children) <= runtime.get(key, 0)
+
+
+@PROPERTY
+@given(histories(), events)
+def test_a_rejected_fact_leaves_the_state_hash_unchanged(
+    history: list[Event], extra: Event
+) -> None:
+    projection = fold(history)
+    before = state_json(projection.state)
+    accepted = projection.apply(len(history) + 1, 0, extra)
+    after = state_json(projection.state)
+    if not accepted:
+        assert after["hash"] == before["hash"]
+        assert after["rejected"][:-1] == before["rejected"]
+        assert after["rejected"][-1]["offset"] == len(history) + 1
+
+
+@PROPERTY
+@given(histories())
+def test_pod_sums_match_their_pods(history: list[Event]) -> None:
+    state = fold(history).settled()
+    for node in state.quotas.values():
+        expected: dict[str, int] = {}
+        for uid in node.pods:
+            for key, value in state.pods[uid].requests.items():
+                expected[key] = expected.get(key, 0) + value
+        assert node.pod_request == {k: v for k, v in expected.items() if v}
+        assert not node.config.is_parent or not node.pods
