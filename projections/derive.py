@@ -38,6 +38,7 @@ def settle(state: ProjectedState) -> None:
             path.add(current)
             current = quotas[current].config.parent
     state.dirty.clear()
+    state.touched |= path
     root_changed = False
     for name in sorted(path, key=lambda q: (-quotas[q].depth, q)):
         node = quotas[name]
@@ -130,6 +131,7 @@ def _refill(state: ProjectedState) -> None:
             child.effective_min = effective
             if runtime != child.runtime:
                 child.runtime = runtime
+                state.touched.add(child.config.name)
                 if child.config.is_parent:
                     heapq.heappush(heap, (child.depth, child.config.name))
 

@@ -30,11 +30,14 @@ from quotaledger.events.model import (
     QuotaRemoved,
     QuotaUpserted,
     SettingsChanged,
+    is_fact,
     kind_of,
 )
 
 from . import guard
+from .clocks import observe, release_holds
 from .derive import settle
+from .plans import decrease_target
 from .resources import add_into, sub_into
 from .state import ROOT, ProjectedState, Rejection
 from .tree import attach_pod, detach_pod, drop_quota, is_active, put_quota
@@ -70,7 +73,15 @@ class Projection:
         if reason is not None:
             self.reject(offset, kind_of(event), reason)
             return False
+        if is_fact(event) and not self._answers_eviction(event):
+            release_holds(self.state)
         return True
+
+    def _answers_eviction(self, event: Event) -> bool:
+        """The PodRemoved answer to an eviction does not restart a held clock (§8 rule 29)."""
+        if isinstance(event, PodRemoved):
+            return self.state.evicted_pods.pop(event.uid, None) is not None
+        return False
 
     def reject(self, offset: int, kind: str | None, reason: str) -> None:
         self.state.rejected.append(Rejection(offset=offset, kind=kind, reason=reason))
@@ -81,7 +92,19 @@ class Projection:
             raise OutOfOrder(f"record {offset} does not follow {state.offset}")
         state.offset = offset
         if ts > state.ts:
+            if state.decrease_deadlines and state.settings.quota_preemption_enabled:
+                self._disarm_empty_deadlines(ts)
+            if ts // 1000 > state.ts // 1000 and offset > 1:
+                observe(state)
             state.ts = ts
+
+    def _disarm_empty_deadlines(self, ts: int) -> None:
+        """§8 rule 21: a deadline passed (before ``ts``) on a free queue whose
+        target is empty records nothing and is disarmed."""
+        state = self.state
+        for queue, deadline in sorted(state.decrease_deadlines.items()):
+            if deadline < ts and queue not in state.occupied and not decrease_target(state, queue):
+                del state.decrease_deadlines[queue]
 
     # ------------------------------------------------------------ events
 

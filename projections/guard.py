@@ -141,6 +141,7 @@ def on_eviction(state: ProjectedState, event: EvictionRequested, offset: int) ->
         pod_uid=event.pod_uid,
         queue=queue,
         requested_offset=offset,
+        requests=dict(state.pods[event.pod_uid].requests),
     )
     state.evicting_pods[event.pod_uid] = event.eviction_id
     return None
@@ -154,6 +155,8 @@ def settle_eviction(state: ProjectedState, eviction_id: str, outcome: str) -> No
     run.outcome = outcome
     if state.evicting_pods.get(run.pod_uid) == eviction_id:
         del state.evicting_pods[run.pod_uid]
+    if outcome == "succeeded" and run.pod_uid in state.pods:
+        state.evicted_pods[run.pod_uid] = eviction_id
 
 
 def on_eviction_outcome(

@@ -46,6 +46,7 @@ class SnapshotBody(msgspec.Struct, kw_only=True):
     finished_preemptions: list[str]
     owing_since: dict[str, int]
     owing_held: list[str]
+    evicted_pods: dict[str, str]
     starving_since: dict[str, int]
     starving_held: list[str]
 
@@ -78,6 +79,7 @@ def dump(state: ProjectedState) -> bytes:
         finished_preemptions=sorted(state.finished_preemptions),
         owing_since=dict(sorted(state.owing_since.items())),
         owing_held=sorted(state.owing_held),
+        evicted_pods=dict(sorted(state.evicted_pods.items())),
         starving_since=dict(sorted(state.starving_since.items())),
         starving_held=sorted(state.starving_held),
     )
@@ -126,6 +128,7 @@ def load(blob: bytes) -> ProjectedState:
     state.finished_preemptions = set(body.finished_preemptions)
     state.owing_since = dict(body.owing_since)
     state.owing_held = set(body.owing_held)
+    state.evicted_pods = dict(body.evicted_pods)
     state.starving_since = dict(body.starving_since)
     state.starving_held = set(body.starving_held)
     recompute_all(state)

@@ -114,6 +114,7 @@ class EvictionRun(msgspec.Struct, kw_only=True):
     pod_uid: str
     queue: str
     requested_offset: int
+    requests: RL = msgspec.field(default_factory=dict)  # what the eviction releases
     outcome: str | None = None  # "succeeded" | "failed"
 
 
@@ -148,6 +149,7 @@ class ProjectedState:
     preemptions: dict[str, PreemptionRun] = field(default_factory=dict)  # running
     evictions: dict[str, EvictionRun] = field(default_factory=dict)  # outstanding
     evicting_pods: dict[str, str] = field(default_factory=dict)  # pod uid -> eviction_id
+    evicted_pods: dict[str, str] = field(default_factory=dict)  # evicted, removal pending
     finished_preemptions: set[str] = field(default_factory=set)
     # DESIGN §6 rules 2-3 clocks: queue/pod -> since ts; held ones wait for a fact
     owing_since: dict[str, int] = field(default_factory=dict)
@@ -156,6 +158,7 @@ class ProjectedState:
     starving_held: set[str] = field(default_factory=set)
     # lazy recompute bookkeeping
     dirty: set[str] = field(default_factory=set)
+    touched: set[str] = field(default_factory=set)  # changed since the clocks last looked
     total_dirty: bool = True
     refill: set[str] = field(default_factory=set)
     cluster_total: RL = field(default_factory=dict)

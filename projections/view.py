@@ -111,6 +111,7 @@ def state_hash(state: ProjectedState, body: dict[str, Any] | None = None) -> str
     digest.update(_ENCODER.encode(state.preemptions))
     digest.update(_ENCODER.encode(state.evictions))
     digest.update(_ENCODER.encode([state.owing_since, sorted(state.owing_held)]))
+    digest.update(_ENCODER.encode(state.evicted_pods))
     digest.update(_ENCODER.encode([state.starving_since, sorted(state.starving_held)]))
     for uid in sorted(state.pods):
         digest.update(_ENCODER.encode(state.pods[uid]))

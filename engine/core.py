@@ -1,0 +1,196 @@
+"""The engine's decision core: timers, proposals, completions (DESIGN §6).
+
+Synchronous and clock-free: the caller says what time it is. Both drivers —
+``simulate`` on a virtual clock and the live engine on the wall clock — use
+it the same way:
+
+1. apply every record read back from the ledger to ``projection``;
+2. ask :meth:`EngineCore.due` which timers are due *now* and
+   :meth:`EngineCore.propose` the decisions for each (they are appended, and
+   acted on only once read back and accepted by the projection);
+3. ask :meth:`EngineCore.finished` for preemptions whose evictions all have
+   an outcome, and :meth:`EngineCore.outstanding` for evictions to drive.
+
+Deadlines come from ledger ``ts`` (the projection's timers and clocks), so a
+restart never postpones one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from quotaledger.events.model import (
+    Event,
+    EvictionRequested,
+    PreemptionFinished,
+    PreemptionStarted,
+)
+from quotaledger.projections import Projection
+from quotaledger.projections.clocks import sampled
+from quotaledger.projections.plans import Plan, decrease_plan, met, overuse_plan
+from quotaledger.projections.resources import RL, add_into
+from quotaledger.projections.state import EvictionRun, ProjectedState
+
+#: §8 rule 27: at one instant, quota-decrease before overuse before reclaim.
+CAUSE_ORDER = {"quota-decrease": 0, "overuse": 1, "reclaim": 2}
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Timer:
+    """A pending reconciler deadline; ordering is §8 rule 27's."""
+
+    deadline: int
+    cause_rank: int
+    depth_rank: int  # negative depth: deeper first
+    queue: str
+    cause: str = field(compare=False)
+
+
+def timers(state: ProjectedState) -> list[Timer]:
+    """Every armed timer whose setting is on, in firing order."""
+    settings = state.settings
+    out: list[Timer] = []
+
+    def add(queue: str, deadline: int, cause: str) -> None:
+        depth = state.quotas[queue].depth if queue in state.quotas else 0
+        out.append(Timer(deadline, CAUSE_ORDER[cause], -depth, queue, cause))
+
+    if settings.quota_preemption_enabled:
+        for queue, deadline in state.decrease_deadlines.items():
+            add(queue, deadline, "quota-decrease")
+    if settings.revoke_enabled:
+        after = round(settings.revoke_after_s * 1000)
+        for queue, since in sampled(state).items():
+            if queue not in state.owing_held:
+                add(queue, since + after, "overuse")
+    out.sort()
+    return out
+
+
+@dataclass(slots=True)
+class EngineCore:
+    """Decides; never does I/O. ``instance``/``epoch`` fence a stale writer."""
+
+    projection: Projection
+    instance: str = "engine"
+    epoch: int = 0
+    handled: set[tuple[str, str, int]] = field(default_factory=set)
+
+    @property
+    def state(self) -> ProjectedState:
+        return self.projection.state
+
+    def pending(self) -> list[Timer]:
+        """Timers not yet handled, waiting or due, in firing order."""
+        state = self.state
+        return [
+            timer
+            for timer in timers(state)
+            if (timer.cause, timer.queue, timer.deadline) not in self.handled
+            and timer.queue not in state.occupied  # §8 rule 34: waits for the running one
+        ]
+
+    def next_deadline(self) -> int | None:
+        waiting = self.pending()
+        return waiting[0].deadline if waiting else None
+
+    def due(self, now: int) -> list[Timer]:
+        return [timer for timer in self.pending() if timer.deadline <= now]
+
+    def plan(self, timer: Timer) -> Plan | None:
+        if timer.cause == "quota-decrease":
+            return decrease_plan(self.state, timer.queue)
+        return overuse_plan(self.state, timer.queue)
+
+    def propose(self, timer: Timer) -> list[Event]:
+        """The decisions for one due timer (empty when there is nothing to do).
+
+        ``basis`` is the offset of the last record the plan was computed from.
+        A timer is proposed once; if the projection refuses the proposal (a
+        race with another writer) the state it leaves decides what comes next.
+        """
+        self.handled.add((timer.cause, timer.queue, timer.deadline))
+        state = self.state
+        if timer.queue in state.occupied or timer.queue not in state.quotas:
+            return []
+        plan = self.plan(timer)
+        if plan is None:
+            return []
+        basis = state.offset
+        preemption_id = f"{plan.cause}/{plan.queue}/{basis}"
+        events: list[Event] = [
+            PreemptionStarted(
+                preemption_id=preemption_id,
+                queue=plan.queue,
+                cause=plan.cause,  # type: ignore[arg-type]
+                target=plan.target,
+                basis=basis,
+                epoch=self.epoch,
+                pod_uid=plan.pod_uid,
+            )
+        ]
+        for victim in plan.victims:
+            events.append(
+                EvictionRequested(
+                    eviction_id=f"{preemption_id}/{victim.pod_uid}",
+                    preemption_id=preemption_id,
+                    pod_uid=victim.pod_uid,
+                    queue=victim.queue,
+                    explain=victim.explain,
+                    epoch=self.epoch,
+                )
+            )
+        if not plan.victims:
+            events.append(
+                PreemptionFinished(
+                    preemption_id=preemption_id,
+                    queue=plan.queue,
+                    outcome="not-helpful",
+                    claimed={},
+                    reason=plan.reason,
+                    epoch=self.epoch,
+                )
+            )
+        return events
+
+    def outstanding(self) -> list[EvictionRun]:
+        """Requested evictions without an outcome: the executors' work."""
+        return [run for run in self.state.evictions.values() if run.outcome is None]
+
+    def finished(self) -> list[PreemptionFinished]:
+        """``PreemptionFinished`` for every running preemption whose evictions
+        all have an outcome (DESIGN §6; outcomes per §8 rule 26)."""
+        state = self.state
+        out: list[PreemptionFinished] = []
+        for run in sorted(state.preemptions.values(), key=lambda r: r.started_offset):
+            evictions = [state.evictions[e] for e in run.evictions if e in state.evictions]
+            if not evictions or any(e.outcome is None for e in evictions):
+                continue
+            claimed: RL = {}
+            for eviction in evictions:
+                if eviction.outcome == "succeeded":
+                    add_into(claimed, eviction.requests)
+            succeeded = any(e.outcome == "succeeded" for e in evictions)
+            if run.cause == "overuse":
+                node = state.quotas.get(run.queue)
+                complete = node is not None and all(
+                    node.used.get(key, 0) <= node.runtime.get(key, 0) for key in run.target
+                )
+            else:
+                complete = met(claimed, run.target, state.settings.preemption_miss_percent)
+            if complete or succeeded:
+                outcome = "complete" if complete else "best-effort"
+            else:
+                outcome = "not-helpful"
+            reason = "" if outcome == "complete" else "target not met"
+            out.append(
+                PreemptionFinished(
+                    preemption_id=run.preemption_id,
+                    queue=run.queue,
+                    outcome=outcome,  # type: ignore[arg-type]
+                    claimed={k: claimed[k] for k in sorted(claimed)},
+                    reason=reason,
+                    epoch=self.epoch,
+                )
+            )
+        return out

@@ -1,0 +1,312 @@
+"""What a reconciler would decide, as pure functions of the state (DESIGN §6, §8 19-34).
+
+The engine proposes these plans as decisions; ``audit`` re-derives them from
+the facts before each decision and compares. Nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from quotaledger.events.model import PodUpserted
+
+from .clocks import owed
+from .derive import settle
+from .resources import RL, add_into, largest_remainder, sparse
+from .state import ProjectedState, QuotaNode
+from .tree import ancestors
+
+
+class Victim(msgspec.Struct, frozen=True):
+    """A pod chosen for eviction and the numbers that justified it."""
+
+    pod_uid: str
+    queue: str
+    requests: RL
+    explain: dict[str, Any]
+
+
+class Plan(msgspec.Struct):
+    """A preemption to start: its target and victims (possibly none)."""
+
+    queue: str
+    cause: str
+    target: RL
+    victims: list[Victim]
+    reason: str = ""
+    pod_uid: str | None = None
+
+    @property
+    def outcome_if_all_succeed(self) -> str:
+        return "not-helpful" if not self.victims else "complete"
+
+
+def _created_key(pod: PodUpserted, younger_first: bool) -> tuple[int, float]:
+    """§8 rule 25: a null ``created_at`` counts as oldest."""
+    if pod.created_at is None:
+        return (1, 0.0) if younger_first else (0, 0.0)
+    stamp = pod.created_at.timestamp()
+    return (0, -stamp) if younger_first else (1, -stamp)
+
+
+def decrease_sort_key(pod: PodUpserted) -> tuple[Any, ...]:
+    """Rule 1 victim order: non-originator, lower priority, allow_preemption
+    first, younger, uid."""
+    return (
+        pod.originator,
+        pod.priority,
+        not pod.allow_preemption,
+        _created_key(pod, younger_first=True),
+        pod.uid,
+    )
+
+
+def revoke_sort_key(pod: PodUpserted) -> tuple[Any, ...]:
+    """Rule 2 order, least important first: lower priority, later start, uid."""
+    return (pod.priority, _created_key(pod, younger_first=True), pod.uid)
+
+
+def _evictable(state: ProjectedState, node: QuotaNode) -> list[PodUpserted]:
+    """Running pods with a node, not daemonset, not already being evicted (§8 rule 12)."""
+    out = []
+    for uid in node.pods:
+        pod = state.pods[uid]
+        if (
+            pod.phase == "Running"
+            and pod.node is not None
+            and not pod.daemonset
+            and uid not in state.evicting_pods
+            and uid not in state.evicted_pods
+        ):
+            out.append(pod)
+    return out
+
+
+def _shares_resource(pod: PodUpserted, target: Mapping[str, int]) -> bool:
+    return any(pod.requests.get(key, 0) > 0 for key, value in target.items() if value > 0)
+
+
+def _path(state: ProjectedState, name: str) -> list[QuotaNode]:
+    return [state.quotas[name], *(state.quotas[a] for a in ancestors(state, name))]
+
+
+def breaks_guarantee(
+    state: ProjectedState, leaf: str, pod: PodUpserted, chosen: Mapping[str, RL]
+) -> bool:
+    """§8 rule 23: evicting ``pod`` after ``chosen`` would take the leaf or an
+    ancestor with a positive min below that min, for a resource it requests."""
+    for node in _path(state, leaf):
+        taken = chosen.get(node.config.name, {})
+        for key, amount in pod.requests.items():
+            floor = node.config.min.get(key, 0)
+            if amount > 0 and floor > 0:
+                left = node.used.get(key, 0) - taken.get(key, 0) - amount
+                if left < floor:
+                    return True
+    return False
+
+
+def met(claimed: Mapping[str, int], target: Mapping[str, int], miss_percent: float) -> bool:
+    """Target reached, or what is left is within ``miss_percent`` of it (§8 rule 22)."""
+    return all(
+        (value - claimed.get(key, 0)) * 100 <= value * miss_percent for key, value in target.items()
+    )
+
+
+# ------------------------------------------------------------ quota decrease
+
+
+def decrease_target(state: ProjectedState, queue: str) -> RL:
+    """Preemptable amount: used − new max where positive, never taking the
+    queue or an ancestor below its min (DESIGN §6 rule 1; the seed's table)."""
+    settle(state)
+    node = state.quotas[queue]
+    cap = node.config.max
+    if cap is None:
+        return {}
+    target: RL = {}
+    for key in sorted(cap):
+        over = node.used.get(key, 0) - cap[key]
+        for holder in _path(state, queue):
+            floor = holder.config.min.get(key, 0)
+            if floor > 0:
+                over = min(over, holder.used.get(key, 0) - floor)
+        if over > 0:
+            target[key] = over
+    return target
+
+
+def split_target(state: ProjectedState, queue: str, target: RL) -> list[tuple[str, RL]]:
+    """Leaf targets under ``queue``: a parent splits each resource among its
+    children by releasable usage (used above min; all of it where no min),
+    skipping children with no usage or a running preemption; largest remainder
+    with the name tie-break; depth-first, children in name order (§8 rule 24)."""
+    node = state.quotas[queue]
+    if not node.config.is_parent:
+        return [(queue, target)]
+    children = [
+        state.quotas[name]
+        for name in sorted(state.children(queue))
+        if state.quotas[name].connected and state.quotas[name].used and name not in state.occupied
+    ]
+    releasable = {
+        child.config.name: {
+            key: max(0, value - child.config.min.get(key, 0)) for key, value in child.used.items()
+        }
+        for child in children
+    }
+    shares: dict[str, RL] = {child.config.name: {} for child in children}
+    for key, amount in sorted(target.items()):
+        weights = [(name, releasable[name].get(key, 0)) for name in sorted(shares)]
+        for name, share in largest_remainder(amount, weights).items():
+            if share:
+                shares[name][key] = share
+    out: list[tuple[str, RL]] = []
+    for child in children:
+        name = child.config.name
+        if shares[name]:
+            out.extend(split_target(state, name, shares[name]))
+    return out
+
+
+def decrease_plan(state: ProjectedState, queue: str) -> Plan | None:
+    """The quota-decrease preemption at the deadline, or None when the target
+    is empty (§8 rule 21: nothing recorded)."""
+    target = decrease_target(state, queue)
+    if not target:
+        return None
+    miss = state.settings.preemption_miss_percent
+    chosen: dict[str, RL] = {}
+    victims: list[Victim] = []
+    node = state.quotas[queue]
+    for leaf, leaf_target in split_target(state, queue, target):
+        leaf_node = state.quotas[leaf]
+        candidates = [
+            pod for pod in _evictable(state, leaf_node) if _shares_resource(pod, leaf_target)
+        ]
+        candidates.sort(key=decrease_sort_key)
+        claimed: RL = {}
+        for rank, pod in enumerate(candidates):
+            if met(claimed, leaf_target, miss):
+                break
+            if breaks_guarantee(state, leaf, pod, chosen):
+                continue
+            add_into(claimed, pod.requests)
+            for holder in _path(state, leaf):
+                add_into(chosen.setdefault(holder.config.name, {}), pod.requests)
+            victims.append(
+                Victim(
+                    pod_uid=pod.uid,
+                    queue=leaf,
+                    requests=sparse(pod.requests),
+                    explain={
+                        "rule": "quota-decrease",
+                        "queue": queue,
+                        "leaf": leaf,
+                        "used": sparse(leaf_node.used),
+                        "max": node.config.max,
+                        "guaranteed": sparse(leaf_node.config.min),
+                        "target": leaf_target,
+                        "rank": rank,
+                        "sort_key": {
+                            "originator": pod.originator,
+                            "priority": pod.priority,
+                            "allow_preemption": pod.allow_preemption,
+                            "created_at": pod.created_at.isoformat() if pod.created_at else None,
+                            "uid": pod.uid,
+                        },
+                    },
+                )
+            )
+    reason = "" if victims else "no victim possible without breaking a guarantee"
+    return Plan(queue=queue, cause="quota-decrease", target=target, victims=victims, reason=reason)
+
+
+# ------------------------------------------------------------ overuse revoke
+
+
+def compared_keys(node: QuotaNode) -> list[str]:
+    """§8 rule 28: the resources max lists (all of them when max is null)."""
+    if node.config.max is not None:
+        return sorted(node.config.max)
+    return sorted(node.used.keys() | node.runtime.keys())
+
+
+def _fits_runtime(used: Mapping[str, int], node: QuotaNode, keys: list[str]) -> bool:
+    return all(used.get(key, 0) <= node.runtime.get(key, 0) for key in keys)
+
+
+def revoke_target(node: QuotaNode) -> RL:
+    """§8 rule 30: used − runtime per compared resource, where positive."""
+    out: RL = {}
+    for key in compared_keys(node):
+        gap = node.used.get(key, 0) - node.runtime.get(key, 0)
+        if gap > 0:
+            out[key] = gap
+    return out
+
+
+def overuse_plan(state: ProjectedState, queue: str) -> Plan | None:
+    """Take an owing leaf down to used ≤ runtime: remove its preemptible running
+    pods least important first until it fits, then add back the most important
+    that still fit; evict the rest (DESIGN §6 rule 2). None if it no longer owes."""
+    settle(state)
+    node = state.quotas[queue]
+    if not owed(node):
+        return None
+    keys = compared_keys(node)
+    target = revoke_target(node)
+    candidates = [pod for pod in _evictable(state, node) if pod.preemptible]
+    candidates.sort(key=revoke_sort_key)
+    remaining = dict(node.used)
+    removed: list[tuple[int, PodUpserted]] = []
+    for rank, pod in enumerate(candidates):
+        if _fits_runtime(remaining, node, keys):
+            break
+        removed.append((rank, pod))
+        for key, value in pod.requests.items():
+            remaining[key] = remaining.get(key, 0) - value
+    kept: set[str] = set()
+    for _, pod in reversed(removed):
+        trial = dict(remaining)
+        add_into(trial, pod.requests)
+        if _fits_runtime(trial, node, keys):
+            remaining = trial
+            kept.add(pod.uid)
+    victims = [
+        Victim(
+            pod_uid=pod.uid,
+            queue=queue,
+            requests=sparse(pod.requests),
+            explain={
+                "rule": "overuse",
+                "queue": queue,
+                "used": sparse(node.used),
+                "runtime": sparse(node.runtime),
+                "max": node.config.max,
+                "guaranteed": sparse(node.config.min),
+                "target": target,
+                "rank": rank,
+                "sort_key": {
+                    "priority": pod.priority,
+                    "created_at": pod.created_at.isoformat() if pod.created_at else None,
+                    "uid": pod.uid,
+                },
+            },
+        )
+        for rank, pod in removed
+        if pod.uid not in kept
+    ]
+    reason = "" if victims else "no preemptible running pod to revoke"
+    return Plan(queue=queue, cause="overuse", target=target, victims=victims, reason=reason)
+
+
+def claimed_by(state: ProjectedState, requests: list[RL]) -> RL:
+    """Σ of victims' requests (what an eviction set releases)."""
+    out: RL = {}
+    for item in requests:
+        add_into(out, item)
+    return out
