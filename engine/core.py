@@ -26,8 +26,14 @@ from quotaledger.events.model import (
     PreemptionStarted,
 )
 from quotaledger.projections import Projection
-from quotaledger.projections.clocks import sampled
-from quotaledger.projections.plans import Plan, decrease_plan, met, overuse_plan
+from quotaledger.projections.clocks import sampled, sampled_starving
+from quotaledger.projections.plans import (
+    Plan,
+    decrease_plan,
+    met,
+    overuse_plan,
+    reclaim_plan,
+)
 from quotaledger.projections.resources import RL, add_into
 from quotaledger.projections.state import EvictionRun, ProjectedState
 
@@ -43,7 +49,8 @@ class Timer:
     cause_rank: int
     depth_rank: int  # negative depth: deeper first
     queue: str
-    cause: str = field(compare=False)
+    pod_uid: str = ""  # reclaim: the starving pod
+    cause: str = field(default="", compare=False)
 
 
 def timers(state: ProjectedState) -> list[Timer]:
@@ -51,9 +58,9 @@ def timers(state: ProjectedState) -> list[Timer]:
     settings = state.settings
     out: list[Timer] = []
 
-    def add(queue: str, deadline: int, cause: str) -> None:
+    def add(queue: str, deadline: int, cause: str, pod_uid: str = "") -> None:
         depth = state.quotas[queue].depth if queue in state.quotas else 0
-        out.append(Timer(deadline, CAUSE_ORDER[cause], -depth, queue, cause))
+        out.append(Timer(deadline, CAUSE_ORDER[cause], -depth, queue, pod_uid, cause))
 
     if settings.quota_preemption_enabled:
         for queue, deadline in state.decrease_deadlines.items():
@@ -63,6 +70,10 @@ def timers(state: ProjectedState) -> list[Timer]:
         for queue, since in sampled(state).items():
             if queue not in state.owing_held:
                 add(queue, since + after, "overuse")
+    if settings.reclaim_enabled:
+        after = round(settings.reclaim_after_s * 1000)
+        for uid, since in sampled_starving(state).items():
+            add(state.pod_quota[uid], since + after, "reclaim", uid)
     out.sort()
     return out
 
@@ -74,7 +85,7 @@ class EngineCore:
     projection: Projection
     instance: str = "engine"
     epoch: int = 0
-    handled: set[tuple[str, str, int]] = field(default_factory=set)
+    handled: set[tuple[str, str, str, int]] = field(default_factory=set)
 
     @property
     def state(self) -> ProjectedState:
@@ -86,7 +97,7 @@ class EngineCore:
         return [
             timer
             for timer in timers(state)
-            if (timer.cause, timer.queue, timer.deadline) not in self.handled
+            if (timer.cause, timer.queue, timer.pod_uid, timer.deadline) not in self.handled
             and timer.queue not in state.occupied  # §8 rule 34: waits for the running one
         ]
 
@@ -100,6 +111,8 @@ class EngineCore:
     def plan(self, timer: Timer) -> Plan | None:
         if timer.cause == "quota-decrease":
             return decrease_plan(self.state, timer.queue)
+        if timer.cause == "reclaim":
+            return reclaim_plan(self.state, timer.pod_uid)
         return overuse_plan(self.state, timer.queue)
 
     def propose(self, timer: Timer) -> list[Event]:
@@ -109,7 +122,7 @@ class EngineCore:
         A timer is proposed once; if the projection refuses the proposal (a
         race with another writer) the state it leaves decides what comes next.
         """
-        self.handled.add((timer.cause, timer.queue, timer.deadline))
+        self.handled.add((timer.cause, timer.queue, timer.pod_uid, timer.deadline))
         state = self.state
         if timer.queue in state.occupied or timer.queue not in state.quotas:
             return []
@@ -118,6 +131,8 @@ class EngineCore:
             return []
         basis = state.offset
         preemption_id = f"{plan.cause}/{plan.queue}/{basis}"
+        if plan.pod_uid is not None:
+            preemption_id += f"/{plan.pod_uid}"
         events: list[Event] = [
             PreemptionStarted(
                 preemption_id=preemption_id,

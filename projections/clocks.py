@@ -1,4 +1,4 @@
-"""Overuse clocks (DESIGN §6 rule 2, §8 rules 28-29).
+"""Overuse and starvation clocks (DESIGN §6 rules 2-3, §8 rules 28-29, 31).
 
 A leaf quota is *owing* while ``min(used, max) > runtime`` on some resource its
 max lists (all of them when max is null): other quotas are entitled to what it
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .derive import settle
 from .resources import RL
-from .state import BUILTIN, ProjectedState, QuotaNode
+from .state import BUILTIN, ROOT, ProjectedState, QuotaNode
 
 
 def owed(node: QuotaNode) -> RL:
@@ -41,6 +41,62 @@ def is_owing(node: QuotaNode) -> bool:
     return bool(owed(node))
 
 
+def free_capacity(state: ProjectedState) -> RL:
+    """Cluster total − Σ used of all quotas (§8 rule 31); system and default
+    are already off the total."""
+    free = dict(state.cluster_total)
+    tops = [
+        name
+        for parent, names in state.children_of.items()
+        if parent == ROOT or parent not in state.quotas
+        for name in names
+        if name not in BUILTIN
+    ]
+    for name in tops:
+        for key, value in state.quotas[name].used.items():
+            free[key] = free.get(key, 0) - value
+    return free
+
+
+def is_starving(state: ProjectedState, uid: str, free: RL) -> bool:
+    """§8 rule 31: Pending without a node, its quota has room for it under its
+    runtime (on every requested resource its max lists), and the cluster's
+    free capacity does not cover its request."""
+    pod = state.pods[uid]
+    node = state.quotas[state.pod_quota[uid]]
+    config = node.config
+    if config.is_parent or not node.connected or config.name in BUILTIN:
+        return False
+    requested = [key for key, value in pod.requests.items() if value > 0]
+    if not requested:
+        return False
+    cap = config.max
+    for key in requested:
+        if cap is not None and key not in cap:
+            continue
+        if node.used.get(key, 0) + pod.requests[key] > node.runtime.get(key, 0):
+            return False
+    return any(pod.requests[key] > free.get(key, 0) for key in requested)
+
+
+def sampled_starving(state: ProjectedState) -> dict[str, int]:
+    """The starvation clocks as a sample taken now would leave them (pod uid ->
+    since). Kept only while ``reclaim_enabled``."""
+    if not state.settings.reclaim_enabled:
+        return {}
+    settle(state)
+    free = free_capacity(state)
+    clocks: dict[str, int] = {}
+    for uid in state.pending_pods:
+        if is_starving(state, uid, free):
+            since = state.starving_since.get(uid)
+            if since is not None:
+                clocks[uid] = since
+            elif uid not in state.starving_held:
+                clocks[uid] = state.ts
+    return clocks
+
+
 def sampled(state: ProjectedState) -> dict[str, int]:
     """The owing clocks as a sample taken now would leave them (no mutation
     besides settling derived numbers). The engine reads this at the tail."""
@@ -60,6 +116,8 @@ def observe(state: ProjectedState) -> None:
     """Take the sample at ``state.ts`` (the end of the current second)."""
     state.owing_since = dict(sorted(sampled(state).items()))
     state.touched = set()
+    if state.pending_pods or state.starving_since:
+        state.starving_since = dict(sorted(sampled_starving(state).items()))
 
 
 def release_holds(state: ProjectedState) -> None:
@@ -67,3 +125,5 @@ def release_holds(state: ProjectedState) -> None:
     if state.owing_held:
         state.touched |= state.owing_held
         state.owing_held = set()
+    if state.starving_held:
+        state.starving_held = set()

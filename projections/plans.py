@@ -310,3 +310,101 @@ def claimed_by(state: ProjectedState, requests: list[RL]) -> RL:
     for item in requests:
         add_into(out, item)
     return out
+
+
+# ------------------------------------------------------------ starvation reclaim
+
+
+def _depth_of_common_ancestor(state: ProjectedState, a: str, b: str) -> int:
+    """Depth of the lowest common ancestor of two quotas (root is 0)."""
+    above_a = [a, *ancestors(state, a)]
+    above_b = {b, *ancestors(state, b)}
+    for name in above_a:
+        if name in above_b:
+            return state.quotas[name].depth
+    return 0
+
+
+def reclaim_target(state: ProjectedState, uid: str) -> RL:
+    """§8 rule 32: the starving pod's request − free capacity, where positive."""
+    from .clocks import free_capacity
+
+    settle(state)
+    free = free_capacity(state)
+    pod = state.pods[uid]
+    out: RL = {}
+    for key in sorted(pod.requests):
+        short = pod.requests[key] - max(0, free.get(key, 0))
+        if short > 0:
+            out[key] = short
+    return out
+
+
+def reclaim_plan(state: ProjectedState, uid: str) -> Plan | None:
+    """Reclaim for a starving pod from owing quotas, nearest in the tree first,
+    then lower priority, later start, uid; an owing quota gives at most what it
+    owed at the start; the last victim may overshoot (§8 rules 32-33). None
+    when there is nothing to take or no victim is possible (nothing recorded)."""
+    from .clocks import is_owing
+
+    if uid not in state.pods or uid not in state.pod_quota:
+        return None
+    queue = state.pod_quota[uid]
+    target = reclaim_target(state, uid)
+    if not target:
+        return None
+    budgets: dict[str, RL] = {}
+    ranked: list[tuple[tuple[Any, ...], PodUpserted, str]] = []
+    for name, node in state.quotas.items():
+        if name == queue or name in state.occupied or not is_owing(node):
+            continue
+        gap = {key: value for key, value in owed(node).items() if key in target}
+        if not gap:
+            continue
+        budgets[name] = gap
+        depth = _depth_of_common_ancestor(state, name, queue)
+        for pod in _evictable(state, node):
+            if pod.preemptible and _shares_resource(pod, gap):
+                key = (-depth, pod.priority, _created_key(pod, younger_first=True), pod.uid)
+                ranked.append((key, pod, name))
+    ranked.sort(key=lambda item: item[0])
+    claimed: RL = {}
+    taken: dict[str, RL] = {}
+    victims: list[Victim] = []
+    for rank, (sort_key, pod, name) in enumerate(ranked):
+        if met(claimed, target, 0.0):
+            break
+        budget = budgets[name]
+        given = taken.setdefault(name, {})
+        if all(given.get(key, 0) >= value for key, value in budget.items()):
+            continue
+        add_into(given, pod.requests)
+        add_into(claimed, pod.requests)
+        node = state.quotas[name]
+        victims.append(
+            Victim(
+                pod_uid=pod.uid,
+                queue=name,
+                requests=sparse(pod.requests),
+                explain={
+                    "rule": "reclaim",
+                    "queue": name,
+                    "for_pod": uid,
+                    "for_queue": queue,
+                    "used": sparse(node.used),
+                    "runtime": sparse(node.runtime),
+                    "owed": budget,
+                    "target": target,
+                    "rank": rank,
+                    "sort_key": {
+                        "common_ancestor_depth": -sort_key[0],
+                        "priority": pod.priority,
+                        "created_at": pod.created_at.isoformat() if pod.created_at else None,
+                        "uid": pod.uid,
+                    },
+                },
+            )
+        )
+    if not victims:
+        return None
+    return Plan(queue=queue, cause="reclaim", target=target, victims=victims, pod_uid=uid)

@@ -137,6 +137,7 @@ class ProjectedState:
     pods: dict[str, PodUpserted] = field(default_factory=dict)
     pod_quota: dict[str, str] = field(default_factory=dict)  # active pods only
     namespace_pods: dict[str, set[str]] = field(default_factory=dict)  # active pods
+    pending_pods: set[str] = field(default_factory=set)  # Pending without a node
     field_pods: dict[str, set[str]] = field(default_factory=dict)  # active, by `quota` field
     quotas: dict[str, QuotaNode] = field(default_factory=dict)
     children_of: dict[str, set[str]] = field(default_factory=dict)  # incl. missing parents

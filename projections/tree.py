@@ -81,6 +81,8 @@ def attach_pod(state: ProjectedState, pod: PodUpserted) -> None:
         state.field_pods.setdefault(pod.quota, set()).add(pod.uid)
     node = state.quotas[name]
     node.pods.add(pod.uid)
+    if pod.phase == "Pending" and pod.node is None:
+        state.pending_pods.add(pod.uid)
     _charge(state, node, pod, +1)
 
 
@@ -92,6 +94,7 @@ def detach_pod(state: ProjectedState, pod: PodUpserted) -> None:
         _discard(state.field_pods, pod.quota, pod.uid)
     node = state.quotas[name]
     node.pods.discard(pod.uid)
+    state.pending_pods.discard(pod.uid)
     _charge(state, node, pod, -1)
 
 
