@@ -153,6 +153,7 @@ class EngineCore:
                     queue=victim.queue,
                     explain=victim.explain,
                     epoch=self.epoch,
+                    instance=self.instance,
                 )
             )
         if not plan.victims:
@@ -168,14 +169,31 @@ class EngineCore:
             )
         return events
 
-    def outstanding(self) -> list[EvictionRun]:
-        """Requested evictions without an outcome: the executors' work."""
-        return [run for run in self.state.evictions.values() if run.outcome is None]
+    def outstanding(self, *, mine_only: bool = False) -> list[EvictionRun]:
+        """Requested evictions without an outcome: the executors' work.
+
+        With ``mine_only``, only those this instance proposed, plus those of
+        an older epoch when this instance holds the newest (a fenced writer's
+        work is taken over by the leader)."""
+        state = self.state
+        runs = [run for run in state.evictions.values() if run.outcome is None]
+        if not mine_only:
+            return runs
+        leader = self.epoch > 0 and self.epoch == state.leader_epoch
+        return [
+            run
+            for run in runs
+            if run.instance == self.instance or (leader and run.epoch < self.epoch)
+        ]
 
     def finished(self) -> list[PreemptionFinished]:
         """``PreemptionFinished`` for every running preemption whose evictions
-        all have an outcome (DESIGN §6; outcomes per §8 rule 26)."""
-        state = self.state
+        all have an outcome (DESIGN §6; outcomes per §8 rule 26).
+
+        The revoke outcome compares used with runtime, which are derived
+        numbers: settle first, or a PodRemoved just applied is not counted.
+        """
+        state = self.projection.settled()
         out: list[PreemptionFinished] = []
         for run in sorted(state.preemptions.values(), key=lambda r: r.started_offset):
             evictions = [state.evictions[e] for e in run.evictions if e in state.evictions]

@@ -175,6 +175,7 @@ class EvictionRequested(_Event, gc=False):
     queue: str
     explain: dict[str, Any] = {}
     epoch: int = 0
+    instance: str = ""  # the engine that proposed it, and drives it
 
 
 class EvictionSucceeded(_Event, gc=False):

@@ -142,6 +142,8 @@ def on_eviction(state: ProjectedState, event: EvictionRequested, offset: int) ->
         queue=queue,
         requested_offset=offset,
         requests=dict(state.pods[event.pod_uid].requests),
+        instance=event.instance,
+        epoch=event.epoch,
     )
     state.evicting_pods[event.pod_uid] = event.eviction_id
     return None

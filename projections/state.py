@@ -115,6 +115,8 @@ class EvictionRun(msgspec.Struct, kw_only=True):
     queue: str
     requested_offset: int
     requests: RL = msgspec.field(default_factory=dict)  # what the eviction releases
+    instance: str = ""
+    epoch: int = 0
     outcome: str | None = None  # "succeeded" | "failed"
 
 

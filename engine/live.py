@@ -1,0 +1,232 @@
+"""The live engine: follow a ledger, reconcile on the wall clock (DESIGN §6).
+
+Structured concurrency: :meth:`LiveEngine.run` starts the follower, the
+reconciler and every eviction in one ``asyncio.TaskGroup``; setting the
+``stop`` event (SIGTERM) cancels the group and each task leaves the ledger
+consistent (an append is one transaction).
+
+Rules the engine keeps:
+
+* it acts only on decisions read back from the ledger and accepted by the
+  projection (evictions are driven from ``state.evictions``, never from what
+  it proposed);
+* after appending, it waits until its follower has applied those records
+  before deciding again, so it never decides on a state missing its own
+  decisions;
+* deadlines come from ledger ``ts``: after a restart an overdue timer fires at
+  once, never later than its original deadline plus the restart;
+* with election on, it appends ``LeaderElected{epoch+1}`` at start and
+  proposes only while its epoch is the newest (a stale writer is fenced by the
+  projection anyway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from quotaledger.events.codec import encode_event
+from quotaledger.events.ledger import Append, Ledger, LedgerMismatch, Snapshot
+from quotaledger.events.model import (
+    Event,
+    EvictionFailed,
+    EvictionSucceeded,
+    LeaderElected,
+    PodRemoved,
+)
+from quotaledger.projections import Projection
+from quotaledger.projections.snapshot import dump, load
+from quotaledger.projections.state import EvictionRun, ProjectedState
+
+from .core import EngineCore
+
+log = logging.getLogger("quotaledger.engine")
+
+
+class Executor(Protocol):
+    """Carries out one accepted eviction; returns the facts/decisions to append.
+
+    Must be idempotent by ``eviction_id``: after a restart the same eviction
+    may be driven again.
+    """
+
+    async def evict(self, eviction: EvictionRun, state: ProjectedState) -> list[Event]: ...
+
+
+class SimulateExecutor:
+    """The pod is removed at once: ``EvictionSucceeded`` and ``PodRemoved``."""
+
+    async def evict(self, eviction: EvictionRun, state: ProjectedState) -> list[Event]:
+        return [
+            EvictionSucceeded(eviction_id=eviction.eviction_id),
+            PodRemoved(uid=eviction.pod_uid),
+        ]
+
+
+class LogExecutor:
+    """Dry run: logs the eviction and records it as not executed."""
+
+    async def evict(self, eviction: EvictionRun, state: ProjectedState) -> list[Event]:
+        log.warning(
+            "dry run: would evict pod %s from %s (%s)",
+            eviction.pod_uid,
+            eviction.queue,
+            eviction.eviction_id,
+        )
+        return [EvictionFailed(eviction_id=eviction.eviction_id, error="dry run (log executor)")]
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class LiveEngine:
+    """One engine instance over one ledger."""
+
+    ledger: Ledger
+    executor: Executor
+    instance: str = "engine"
+    election: bool = True
+    snapshot_every: int = 50_000
+    clock_ms: Callable[[], int] = wall_clock_ms
+    idle_poll_s: float = 0.5
+    projection: Projection = field(default_factory=Projection)
+    core: EngineCore = field(init=False)
+    _applied: asyncio.Condition = field(init=False)
+    _wake: asyncio.Event = field(init=False)
+    _inflight: set[str] = field(default_factory=set)
+    _since_snapshot: int = 0
+
+    def __post_init__(self) -> None:
+        self.core = EngineCore(self.projection, instance=self.instance)
+
+    @property
+    def state(self) -> ProjectedState:
+        return self.projection.state
+
+    # ------------------------------------------------------------ start-up
+
+    async def restore(self) -> None:
+        """Load the newest snapshot, then fold the ledger to its tail."""
+        snapshot = await self.ledger.load_snapshot(None)
+        if snapshot is not None:
+            state = load(snapshot.blob)
+            if state.ledger_id != self.ledger.ledger_id:
+                raise LedgerMismatch(
+                    f"snapshot belongs to ledger {state.ledger_id}, not {self.ledger.ledger_id}"
+                )
+            self.projection = Projection(state)
+            self.core = EngineCore(self.projection, instance=self.instance)
+        async for batch in self.ledger.read(self.state.offset + 1):
+            for record in batch:
+                self.projection.apply_record(record)
+        if self.state.ledger_id not in (None, self.ledger.ledger_id):
+            raise LedgerMismatch(
+                f"state of ledger {self.state.ledger_id} cannot follow {self.ledger.ledger_id}"
+            )
+
+    async def elect(self) -> None:
+        """Claim the next epoch; the projection decides who is newest."""
+        epoch = self.state.leader_epoch + 1
+        offsets = await self.append([LeaderElected(epoch=epoch, instance=self.instance)])
+        await self.applied_through(offsets[-1])
+        self.core.epoch = epoch if self.state.leader_epoch == epoch else self.state.leader_epoch
+
+    # ------------------------------------------------------------ tasks
+
+    async def run(
+        self, stop: asyncio.Event, ready: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """Run until ``stop`` is set; then cancel every task and return."""
+        self._applied = asyncio.Condition()
+        self._wake = asyncio.Event()
+        await self.restore()
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._follow())
+                if self.election:
+                    await self.elect()
+                if ready is not None:
+                    await ready()
+                group.create_task(self._reconcile(group))
+                await stop.wait()
+                raise _Stop
+        except* _Stop:
+            log.info("engine %s stopped at offset %d", self.instance, self.state.offset)
+
+    async def _follow(self) -> None:
+        async for batch in self.ledger.read(self.state.offset + 1, follow=True):
+            for record in batch:
+                self.projection.apply_record(record)
+            self._since_snapshot += len(batch)
+            async with self._applied:
+                self._applied.notify_all()
+            self._wake.set()
+            if self._since_snapshot >= self.snapshot_every:
+                self._since_snapshot = 0
+                await self.ledger.save_snapshot(
+                    Snapshot(offset=self.state.offset, blob=dump(self.state))
+                )
+
+    async def applied_through(self, offset: int) -> None:
+        """Wait until the follower has applied ``offset``."""
+        async with self._applied:
+            await self._applied.wait_for(lambda: self.state.offset >= offset)
+
+    async def append(self, events: Sequence[Event]) -> list[int]:
+        return await self.ledger.append([Append(payload=encode_event(e)) for e in events])
+
+    def is_leader(self) -> bool:
+        return not self.election or self.core.epoch == self.state.leader_epoch
+
+    async def _reconcile(self, group: asyncio.TaskGroup) -> None:
+        while True:
+            deadline = self.core.next_deadline()
+            timeout = self.idle_poll_s
+            if deadline is not None:
+                timeout = max(0.0, min(timeout, (deadline - self.clock_ms()) / 1000))
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            if not self.is_leader():
+                continue
+            await self.step(group)
+
+    async def step(self, group: asyncio.TaskGroup) -> None:
+        """One round: finish, drive evictions, fire due timers."""
+        finished = self.core.finished()
+        if finished:
+            offsets = await self.append(finished)
+            await self.applied_through(offsets[-1])
+        for eviction in self.core.outstanding(mine_only=True):
+            if eviction.eviction_id not in self._inflight:
+                self._inflight.add(eviction.eviction_id)
+                group.create_task(self._drive(eviction))
+        now = self.clock_ms()
+        for timer in self.core.due(now):
+            if not self.is_leader():
+                return
+            events = self.core.propose(timer)
+            if events:
+                offsets = await self.append(events)
+                await self.applied_through(offsets[-1])
+
+    async def _drive(self, eviction: EvictionRun) -> None:
+        try:
+            outcome = await self.executor.evict(eviction, self.state)
+            if outcome:
+                await self.append(outcome)
+        finally:
+            self._inflight.discard(eviction.eviction_id)
+            self._wake.set()
+
+
+class _Stop(Exception):
+    """Raised inside the TaskGroup to cancel every task on ``stop``."""
