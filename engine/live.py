@@ -23,6 +23,7 @@ Rules the engine keeps:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -190,10 +191,8 @@ class LiveEngine:
             timeout = self.idle_poll_s
             if deadline is not None:
                 timeout = max(0.0, min(timeout, (deadline - self.clock_ms()) / 1000))
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
-            except TimeoutError:
-                pass
             self._wake.clear()
             if not self.is_leader():
                 continue
