@@ -95,7 +95,7 @@ def trees(draw: st.DrawFn) -> list[Event]:
     out: list[Event] = [
         NodeUpserted(
             name=f"n{i}",
-            allocatable={"cpu": draw(st.integers(0, 300)), "gpu": draw(st.integers(0, 80))},
+            allocatable={"cpu": draw(st.integers(0, 90)), "gpu": draw(st.integers(0, 40))},
         )
         for i in range(draw(st.integers(1, 2)))
     ]
