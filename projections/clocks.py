@@ -12,6 +12,8 @@ fact, which restarts it if the quota still owes.
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 from .derive import settle
 from .resources import RL
 from .state import BUILTIN, ROOT, ProjectedState, QuotaNode
@@ -79,21 +81,46 @@ def is_starving(state: ProjectedState, uid: str, free: RL) -> bool:
     return any(pod.requests[key] > free.get(key, 0) for key in requested)
 
 
+def _flipped(state: ProjectedState, free: RL) -> set[str]:
+    """Pending pods whose "free capacity does not cover it" may have changed
+    since the last sample: those whose request lies between the old and the
+    new free amount of some resource."""
+    out: set[str] = set()
+    old = state.free_at_sample
+    for key, index in state.pending_index.items():
+        before, after = old.get(key, 0), free.get(key, 0)
+        if before == after or not index:
+            continue
+        low, high = min(before, after), max(before, after)
+        start = bisect_right(index, (low, "\U0010ffff"))
+        stop = bisect_right(index, (high, "\U0010ffff"))
+        out.update(uid for _, uid in index[start:stop])
+    return out
+
+
 def sampled_starving(state: ProjectedState) -> dict[str, int]:
     """The starvation clocks as a sample taken now would leave them (pod uid ->
-    since). Kept only while ``reclaim_enabled``."""
+    since), without mutating them. Kept only while ``reclaim_enabled``.
+
+    Incremental: only pods that changed, pods of quotas whose numbers changed,
+    and pods whose coverage by free capacity may have flipped are re-checked;
+    the result equals checking every pending pod (tests/test_clocks.py)."""
     if not state.settings.reclaim_enabled:
         return {}
     settle(state)
     free = free_capacity(state)
-    clocks: dict[str, int] = {}
-    for uid in state.pending_pods:
-        if is_starving(state, uid, free):
-            since = state.starving_since.get(uid)
-            if since is not None:
-                clocks[uid] = since
-            elif uid not in state.starving_held:
-                clocks[uid] = state.ts
+    if state.starving_full:
+        recheck = set(state.pending_pods) | set(state.starving_since)
+    else:
+        recheck = state.touched_pods | _flipped(state, free)
+        for name in state.touched:
+            recheck |= state.pending_by_quota.get(name, set())
+    clocks = dict(state.starving_since)
+    for uid in recheck:
+        if uid not in state.pending_pods or not is_starving(state, uid, free):
+            clocks.pop(uid, None)
+        elif uid not in state.starving_held:
+            clocks.setdefault(uid, state.ts)
     return clocks
 
 
@@ -115,9 +142,15 @@ def sampled(state: ProjectedState) -> dict[str, int]:
 def observe(state: ProjectedState) -> None:
     """Take the sample at ``state.ts`` (the end of the current second)."""
     state.owing_since = dict(sorted(sampled(state).items()))
-    state.touched = set()
-    if state.pending_pods or state.starving_since:
+    if state.settings.reclaim_enabled:
         state.starving_since = dict(sorted(sampled_starving(state).items()))
+        state.free_at_sample = free_capacity(state)
+        state.starving_full = False
+    else:
+        state.starving_since = {}
+        state.starving_full = True
+    state.touched = set()
+    state.touched_pods = set()
 
 
 def release_holds(state: ProjectedState) -> None:
@@ -126,4 +159,5 @@ def release_holds(state: ProjectedState) -> None:
         state.touched |= state.owing_held
         state.owing_held = set()
     if state.starving_held:
+        state.touched_pods |= state.starving_held
         state.starving_held = set()

@@ -347,7 +347,9 @@ def reclaim_plan(state: ProjectedState, uid: str) -> Plan | None:
     when there is nothing to take or no victim is possible (nothing recorded)."""
     from .clocks import is_owing
 
-    if uid not in state.pods or uid not in state.pod_quota:
+    from .clocks import free_capacity, is_starving
+
+    if uid not in state.pending_pods or not is_starving(state, uid, free_capacity(state)):
         return None
     queue = state.pod_quota[uid]
     target = reclaim_target(state, uid)

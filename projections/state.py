@@ -140,6 +140,13 @@ class ProjectedState:
     pod_quota: dict[str, str] = field(default_factory=dict)  # active pods only
     namespace_pods: dict[str, set[str]] = field(default_factory=dict)  # active pods
     pending_pods: set[str] = field(default_factory=set)  # Pending without a node
+    # starvation bookkeeping (derived, rebuilt on restore): pending pods by quota and,
+    # per resource, sorted by request; what changed since the last sample
+    pending_by_quota: dict[str, set[str]] = field(default_factory=dict)
+    pending_index: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    touched_pods: set[str] = field(default_factory=set)
+    free_at_sample: RL = field(default_factory=dict)
+    starving_full: bool = True
     field_pods: dict[str, set[str]] = field(default_factory=dict)  # active, by `quota` field
     quotas: dict[str, QuotaNode] = field(default_factory=dict)
     children_of: dict[str, set[str]] = field(default_factory=dict)  # incl. missing parents

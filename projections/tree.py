@@ -7,6 +7,7 @@ requests of the active pods associated with it.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Iterable
 
 from quotaledger.events.model import PodUpserted, QuotaUpserted
@@ -83,6 +84,11 @@ def attach_pod(state: ProjectedState, pod: PodUpserted) -> None:
     node.pods.add(pod.uid)
     if pod.phase == "Pending" and pod.node is None:
         state.pending_pods.add(pod.uid)
+        state.pending_by_quota.setdefault(name, set()).add(pod.uid)
+        for key, value in pod.requests.items():
+            if value > 0:
+                insort(state.pending_index.setdefault(key, []), (value, pod.uid))
+        state.touched_pods.add(pod.uid)
     _charge(state, node, pod, +1)
 
 
@@ -94,7 +100,14 @@ def detach_pod(state: ProjectedState, pod: PodUpserted) -> None:
         _discard(state.field_pods, pod.quota, pod.uid)
     node = state.quotas[name]
     node.pods.discard(pod.uid)
-    state.pending_pods.discard(pod.uid)
+    if pod.uid in state.pending_pods:
+        state.pending_pods.discard(pod.uid)
+        _discard(state.pending_by_quota, name, pod.uid)
+        for key, value in pod.requests.items():
+            if value > 0:
+                index = state.pending_index[key]
+                del index[bisect_left(index, (value, pod.uid))]
+        state.touched_pods.add(pod.uid)
     _charge(state, node, pod, -1)
 
 

@@ -16,35 +16,56 @@ from quotaledger.events.model import (
     QuotaUpserted,
 )
 from quotaledger.projections import Projection
-from quotaledger.projections.clocks import is_owing
+from quotaledger.projections.clocks import free_capacity, is_owing, is_starving
 from quotaledger.projections.snapshot import dump, load
 
 LEAVES = ["a", "b", "c"]
 
+running_pod = st.builds(
+    PodUpserted,
+    uid=st.sampled_from([f"p{i}" for i in range(10)]),
+    name=st.just("p"),
+    namespace=st.sampled_from(LEAVES),
+    requests=st.fixed_dictionaries({"cpu": st.integers(1, 8)}),
+    phase=st.just("Running"),
+    node=st.just("n"),
+)
+pending_pod = st.builds(
+    PodUpserted,
+    uid=st.sampled_from([f"w{i}" for i in range(6)]),
+    name=st.just("w"),
+    namespace=st.sampled_from(LEAVES),
+    requests=st.fixed_dictionaries({"cpu": st.integers(1, 4)}),
+    phase=st.just("Pending"),
+)
 contended = st.lists(
     st.one_of(
-        st.builds(
-            PodUpserted,
-            uid=st.sampled_from([f"p{i}" for i in range(10)]),
-            name=st.just("p"),
-            namespace=st.sampled_from(LEAVES),
-            requests=st.fixed_dictionaries({"cpu": st.integers(1, 8)}),
-            phase=st.sampled_from(["Running", "Running", "Pending"]),
-            node=st.sampled_from(["n", "n", None]),
-        ),
-        st.builds(PodRemoved, uid=st.sampled_from([f"p{i}" for i in range(10)])),
+        running_pod,
+        running_pod,
+        pending_pod,
+        st.builds(PodRemoved, uid=st.sampled_from([f"p{i}" for i in range(10)] + ["w0", "w1"])),
         st.builds(
             QuotaUpserted,
             name=st.sampled_from(LEAVES),
             min=st.just({"cpu": 3}),
             max=st.none() | st.just({"cpu": 12}) | st.just({"cpu": 5}),
         ),
-        st.builds(NodeUpserted, name=st.just("n2"), allocatable=st.fixed_dictionaries({"cpu": st.integers(0, 6)})),
+        st.builds(
+            NodeUpserted,
+            name=st.just("n2"),
+            allocatable=st.fixed_dictionaries({"cpu": st.integers(0, 6)}),
+        ),
+        st.builds(
+            NodeUpserted,
+            name=st.just("n2"),
+            allocatable=st.fixed_dictionaries({"cpu": st.integers(0, 6)}),
+        ),
+        pending_pod,
     ),
     min_size=1,
     max_size=40,
 )
-gaps = st.lists(st.sampled_from([0, 0, 200, 700, 1000, 2500]), min_size=40, max_size=40)
+gaps = st.lists(st.sampled_from([0, 300, 1000, 1000, 1000, 2500]), min_size=40, max_size=40)
 
 
 def _owing_now(projection: Projection) -> set[str]:
@@ -52,7 +73,21 @@ def _owing_now(projection: Projection) -> set[str]:
     return {name for name, node in copy.quotas.items() if is_owing(node)}
 
 
-@settings(max_examples=200, deadline=None)
+def _starving_now(projection: Projection) -> set[str]:
+    """Every pending pod checked from scratch on a recomputed copy."""
+    copy = load(dump(projection.state))
+    free = free_capacity(copy)
+    return {
+        uid
+        for uid, pod in copy.pods.items()
+        if uid in copy.pod_quota
+        and pod.phase == "Pending"
+        and pod.node is None
+        and is_starving(copy, uid, free)
+    }
+
+
+@settings(max_examples=400, deadline=None)
 @given(contended, gaps)
 def test_clocks_equal_a_brute_force_sampler(history: list[Event], steps: list[int]) -> None:
     setup: list[Event] = [NodeUpserted(name="n", allocatable={"cpu": 12})]
@@ -63,21 +98,24 @@ def test_clocks_equal_a_brute_force_sampler(history: list[Event], steps: list[in
     reference = Projection()
     reference.apply(0, 0, LedgerOpened(ledger_id="t"))
     expected: dict[str, int] = {}
+    starving: dict[str, int] = {}
     ts = 0
-    seen_owing = 0
     for offset, event in enumerate(events, start=1):
         ts += steps[(offset - 1) % len(steps)]
         if offset > 1 and ts // 1000 > reference.state.ts // 1000:
-            owing = _owing_now(reference)
-            seen_owing += len(owing)
-            for name in list(expected):
-                if name not in owing:
-                    del expected[name]
-            for name in owing:
-                expected.setdefault(name, reference.state.ts)
+            for clocks, now in (
+                (expected, _owing_now(reference)),
+                (starving, _starving_now(reference)),
+            ):
+                for name in list(clocks):
+                    if name not in now:
+                        del clocks[name]
+                for name in now:
+                    clocks.setdefault(name, reference.state.ts)
         reference.apply(offset, ts, event)
         projection.apply(offset, ts, event)
     assert projection.state.owing_since == expected
+    assert projection.state.starving_since == starving
 
 
 def test_owing_clock_starts_at_the_sample_and_stops_when_it_no_longer_owes() -> None:
@@ -87,7 +125,12 @@ def test_owing_clock_starts_at_the_sample_and_stops_when_it_no_longer_owes() -> 
         (0, NodeUpserted(name="n", allocatable={"cpu": 10})),
         (0, QuotaUpserted(name="a", min={"cpu": 2})),
         (0, QuotaUpserted(name="b", min={"cpu": 8})),
-        (100, PodUpserted(uid="a1", name="a1", namespace="a", requests={"cpu": 10}, phase="Running", node="n")),
+        (
+            100,
+            PodUpserted(
+                uid="a1", name="a1", namespace="a", requests={"cpu": 10}, phase="Running", node="n"
+            ),
+        ),
         (1500, PodUpserted(uid="b1", name="b1", namespace="b", requests={"cpu": 8})),
         (1800, NodeUpserted(name="m", allocatable={"cpu": 1})),
         (3200, NodeUpserted(name="m", allocatable={"cpu": 1})),
@@ -103,3 +146,32 @@ def test_owing_clock_starts_at_the_sample_and_stops_when_it_no_longer_owes() -> 
     assert history[6] == {"a": 1800}
     assert history[7] == {"a": 1800}
     assert history[8] == {}  # b1 gone: at the next sample a no longer owes
+
+
+def test_starvation_ends_when_free_capacity_grows_though_its_quota_is_unchanged() -> None:
+    """Only the free-capacity index notices this flip: quota a's numbers stay put."""
+    projection = Projection()
+    projection.apply(0, 0, LedgerOpened(ledger_id="t"))
+    events: list[tuple[int, Event]] = [
+        (0, NodeUpserted(name="n", allocatable={"cpu": 10})),
+        (0, QuotaUpserted(name="a", min={"cpu": 5})),
+        (0, QuotaUpserted(name="b", min={"cpu": 5})),
+        (
+            0,
+            PodUpserted(
+                uid="b1", name="b1", namespace="b", requests={"cpu": 10}, phase="Running", node="n"
+            ),
+        ),
+        (1000, PodUpserted(uid="a1", name="a1", namespace="a", requests={"cpu": 3})),
+        (2000, NodeUpserted(name="x", allocatable={"cpu": 5})),
+        (3000, NodeUpserted(name="y", allocatable={})),
+    ]
+    seen = []
+    for offset, (ts, event) in enumerate(events, start=1):
+        projection.apply(offset, ts, event)
+        quotas = projection.settled().quotas
+        runtime = dict(quotas["a"].runtime) if "a" in quotas else {}
+        seen.append((dict(projection.state.starving_since), runtime))
+    assert seen[5][0] == {"a1": 1000}  # sampled at the end of second 1
+    assert seen[6][0] == {}  # free grew to 5 >= 3 at second 2
+    assert seen[5][1] == seen[6][1] == {"cpu": 3}
