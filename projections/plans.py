@@ -345,9 +345,7 @@ def reclaim_plan(state: ProjectedState, uid: str) -> Plan | None:
     then lower priority, later start, uid; an owing quota gives at most what it
     owed at the start; the last victim may overshoot (§8 rules 32-33). None
     when there is nothing to take or no victim is possible (nothing recorded)."""
-    from .clocks import is_owing
-
-    from .clocks import free_capacity, is_starving
+    from .clocks import free_capacity, is_owing, is_starving
 
     if uid not in state.pending_pods or not is_starving(state, uid, free_capacity(state)):
         return None
