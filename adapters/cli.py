@@ -13,7 +13,7 @@ import itertools
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -21,7 +21,9 @@ import msgspec
 
 from quotaledger.engine.fold_loop import Until, fold, parse_until
 from quotaledger.engine.render import tree_text
+from quotaledger.events.codec import encode_event, peek_kind
 from quotaledger.events.ledger import Append, LedgerError, Record, Snapshot
+from quotaledger.events.model import LedgerOpened
 from quotaledger.projections import Projection, state_json
 from quotaledger.projections.snapshot import SnapshotError, dump, load
 
@@ -333,7 +335,120 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _jsonl_ledger_records(path: Path) -> list[Record]:
+    """A JSONL file as ledger records for ``audit``/``whatif``.
+
+    A file exported from a ledger starts with its ``LedgerOpened``: that line is
+    offset 0, so the decisions' ``basis`` offsets keep their meaning. Any other
+    file gets a ``LedgerOpened`` at offset 0 and line n at offset n, as ``replay``.
+    """
+    lines = list(read_lines(path, skip_invalid=False))
+    if lines and peek_kind(lines[0].payload) == "LedgerOpened":
+        head = Record(offset=0, ts=lines[0].ts, payload=lines[0].payload)
+        lines = lines[1:]
+    else:
+        opened = LedgerOpened(ledger_id=ledger_id_for(path))
+        head = Record(offset=0, ts=0, payload=encode_event(opened))
+    out = [head]
+    last = head.ts
+    for offset, line in enumerate(lines, start=1):
+        last = max(last, line.ts)
+        out.append(Record(offset=offset, ts=last, payload=line.payload))
+    return out
+
+
+RecordSource = Callable[[int], Iterable[Record]]
+
+
+def _with_ledger_records(path: Path, work: Callable[[RecordSource], Any]) -> Any:
+    """Run ``work(source)`` where ``source(n)`` yields the ledger's records from offset n.
+
+    Read only: the SQLite file is opened through its own reader connections and
+    nothing is appended, snapshotted or rewritten.
+    """
+    if not path.exists():
+        raise UserError(f"{path}: no such file")
+    if _is_jsonl(path):
+        rows = _jsonl_ledger_records(path)
+        return work(lambda start: rows[start:])
+
+    async def run() -> Any:
+        from .sqlite_ledger import SqliteLedger
+
+        ledger = await SqliteLedger.open(str(path), create=False)
+        try:
+            return work(lambda start: itertools.chain.from_iterable(ledger.iter_batches(start)))
+        finally:
+            await ledger.close()
+
+    return asyncio.run(run())
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from quotaledger.engine.audit import audit
+
+    report = _with_ledger_records(Path(args.ledger), audit)
+    if args.pod is not None:
+        report = report.for_pod(args.pod)
+    if args.json:
+        document = report.to_json()
+        if args.pod is not None:
+            document["pod"] = args.pod
+        _print_json(document)
+    else:
+        print(report.text())
+    return 1 if report.flagged else 0
+
+
+def _fold_for_whatif(path: Path, until: Until, args: argparse.Namespace) -> Projection:
+    if not path.exists():
+        raise UserError(f"{path}: no such file")
+    if _is_jsonl(path):
+        projection = Projection()
+        fold(projection, [_jsonl_ledger_records(path)], until)
+        return projection
+    options = argparse.Namespace(no_snapshot=args.no_snapshot, progress=False)
+    return asyncio.run(_fold_ledger(path, until, options))
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    from quotaledger.engine.whatif import ChangeError, parse_duration, whatif, whatif_text
+
+    try:
+        horizon = parse_duration(args.horizon)
+        until = parse_until(args.at)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if horizon < 0:
+        raise UserError("--horizon must not be negative")
+    change_path = Path(args.change)
+    if not change_path.exists():
+        raise UserError(f"{change_path}: no such file")
+    changes = [(line.ts, line.payload) for line in read_lines(change_path, skip_invalid=False)]
+    projection = _fold_for_whatif(Path(args.ledger), until, args)
+    state = projection.state
+    if until.offset is not None and state.offset < until.offset:
+        raise UserError(f"--at {until.offset}: the ledger ends at offset {state.offset}")
+    try:
+        result = whatif(state, changes, at=until.ts, horizon_ms=horizon)
+    except ChangeError as exc:
+        raise UserError(f"{change_path}: {exc}") from None
+    if args.json:
+        _print_json(result)
+    else:
+        print(whatif_text(result))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.suite == "decide":
+        from quotaledger.engine import bench_decide
+
+        if args.events is None:
+            args.events = 200_000
+        return bench_decide.main(args)
+    if args.events is None:
+        args.events = 1_000_000
     from quotaledger.engine import bench
 
     return bench.main(args)
@@ -349,6 +464,8 @@ examples:
   quotaledger tree ledger.db
   quotaledger simulate examples/quota-decrease.jsonl      # reconcilers on a virtual clock
   quotaledger snapshot ledger.db
+  quotaledger audit sim.db                                # explain and re-derive decisions
+  quotaledger whatif sim.db --at 7 --change c.jsonl       # evictions a change would cause
   quotaledger bench fold --json
 """
 
@@ -476,6 +593,79 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--snapshot-every", type=int, default=50_000, help="records between snapshots")
     run.add_argument("--stop-after", type=float, help="stop after this many seconds")
     run.set_defaults(handler=cmd_run)
+
+    audit = commands.add_parser(
+        "audit",
+        help="explain every decision and flag any the facts do not justify",
+        description="Explain each decision of a ledger in plain words with its numbers (rule,"
+        " why this pod, why now, used/runtime/max/guaranteed), each re-derived from the facts"
+        " before it (its basis): the timer was armed and due, the target and the victims and"
+        " their order are what the rules give, the outcome follows from the evictions'"
+        " outcomes. A decision the facts do not justify, or that the ledger's guard refused,"
+        " is FLAGGED.\n\n"
+        "LEDGER is a SQLite ledger (e.g. `simulate --out`) or a JSONL file holding decisions"
+        " (an export starting with its LedgerOpened line keeps its offsets). Read only.\n\n"
+        "exit status: 0 when no decision is flagged, 1 when at least one is (with --pod: one"
+        " of that pod's), 2 on bad input.",
+        epilog="examples:\n"
+        "  quotaledger simulate examples/quota-decrease.jsonl --out sim.db\n"
+        "  quotaledger audit sim.db\n"
+        "  quotaledger audit sim.db --pod spark-3\n"
+        "  quotaledger audit sim.db --json | jq '.decisions[] | select(.justified | not)'\n",
+        formatter_class=raw,
+    )
+    audit.add_argument("ledger", metavar="LEDGER", help="SQLite ledger, or FILE.jsonl")
+    audit.add_argument(
+        "--pod",
+        metavar="UID",
+        help="only decisions concerning this pod: its evictions, their outcomes, and the start"
+        " and finish of their preemptions",
+    )
+    audit.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"decisions": [{offset, at, kind, queue, explanation, justified,'
+        ' problems}], "flagged": n}',
+    )
+    audit.set_defaults(handler=cmd_audit)
+
+    whatif = commands.add_parser(
+        "whatif",
+        help="fork the state at a point, apply hypothetical facts, show the evictions",
+        description="Fork the state of LEDGER after --at (an offset, inclusive, or an RFC 3339"
+        " time; default: the end), apply the facts of --change FILE.jsonl (a line without"
+        " `at`, or with an earlier one, takes the fork time), run the reconcilers on a virtual"
+        " clock until fork time + --horizon, and print the evictions per queue and pod, with"
+        " the rule and the time. Each eviction says whether it would also happen without the"
+        " change. Nothing is written to the ledger.",
+        epilog="examples:\n"
+        "  quotaledger whatif sim.db --at 7 --change lower-max.jsonl\n"
+        "  quotaledger whatif ledger.db --at 2026-01-01T12:00:00Z --change c.jsonl"
+        " --horizon 30m\n"
+        "  quotaledger whatif ledger.db --change c.jsonl --horizon 1d --json\n"
+        "\nDURATION: a number with a unit: 90s, 30m, 2h, 1d, 1h30m, 500ms (bare: seconds).\n",
+        formatter_class=raw,
+    )
+    whatif.add_argument("ledger", metavar="LEDGER", help="SQLite ledger, or FILE.jsonl")
+    whatif.add_argument(
+        "--at", metavar="OFFSET|TIME", help="fork point (default: the end of the ledger)"
+    )
+    whatif.add_argument(
+        "--change", metavar="FILE.jsonl", required=True, help="hypothetical facts, one a line"
+    )
+    whatif.add_argument(
+        "--horizon", metavar="DURATION", default="1h", help="how far to simulate (default: 1h)"
+    )
+    whatif.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"at", "horizon_s", "evictions": [{queue, pod_uid, at, cause,'
+        ' preemption_id, without_change}], "preemptions": [...], "state": {...}}',
+    )
+    whatif.add_argument(
+        "--no-snapshot", action="store_true", help="fold from offset 0, ignoring snapshots"
+    )
+    whatif.set_defaults(handler=cmd_whatif)
 
     bench = commands.add_parser(
         "bench",

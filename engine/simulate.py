@@ -8,6 +8,10 @@ in-memory ledger and acted on only after the projection has accepted it. The
 ``EvictionSucceeded`` and the pod's ``PodRemoved``; ``log`` is a dry run that
 answers ``EvictionFailed``. Without ``until`` the run stops when no timer is
 pending after the last event.
+
+A simulation may also start from an already-folded projection (``whatif``
+forks the state of a ledger at offset N): its records then continue at
+N+1, N+2, ... and its clock starts at the projection's ts.
 """
 
 from __future__ import annotations
@@ -37,7 +41,11 @@ Executor = Literal["simulate", "log"]
 
 @dataclass(slots=True)
 class Simulation:
-    """A deterministic engine run over an in-memory ledger."""
+    """A deterministic engine run over an in-memory ledger.
+
+    ``records`` holds only the records this simulation appended; with a fresh
+    projection the first is ``LedgerOpened`` at offset 0.
+    """
 
     executor: Executor = "simulate"
     ledger_id: str = "simulation"
@@ -48,16 +56,17 @@ class Simulation:
 
     def __post_init__(self) -> None:
         self.core = EngineCore(self.projection, instance="simulate")
-        if not self.records:
+        if not self.records and self.projection.state.offset < 0:
             self.append(0, msgspec.json.encode(LedgerOpened(ledger_id=self.ledger_id)))
 
     @property
     def now(self) -> int:
-        return self.records[-1].ts if self.records else 0
+        return self.records[-1].ts if self.records else self.projection.state.ts
 
     def append(self, ts: int, payload: bytes) -> Event | None:
         """Append one record (ts clamped up, DESIGN §3) and read it back."""
-        record = Record(offset=len(self.records), ts=max(ts, self.now), payload=payload)
+        offset = self.projection.state.offset + 1
+        record = Record(offset=offset, ts=max(ts, self.now), payload=payload)
         self.records.append(record)
         event = self.projection.apply_record(record)
         if event is not None and not is_fact(event):
