@@ -79,10 +79,17 @@ def canonical_amount(resource: str, value: int | float | str) -> int:
             raise QuantityError(f"negative amount {value!r}")
         return _ceil(Fraction(repr(value)) * scale)
     if isinstance(value, str):
-        if value.strip().startswith("-"):
-            raise QuantityError(f"negative amount {value!r}")
-        return _ceil(_parse_text(value) * scale)
+        return _canonical_text(value, scale)
     raise QuantityError(f"expected a quantity, got {type(value).__name__}")
+
+
+@lru_cache(maxsize=16384)
+def _canonical_text(text: str, scale: int) -> int:
+    """A quantity string in canonical units (pure; memoised: workloads repeat
+    a few hundred distinct strings)."""
+    if text.strip().startswith("-"):
+        raise QuantityError(f"negative amount {text!r}")
+    return _ceil(_parse_text(text) * scale)
 
 
 def canonical_list(field: str, raw: dict[str, int | float | str]) -> dict[str, int]:

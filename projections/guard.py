@@ -21,7 +21,6 @@ from quotaledger.events.model import (
     QuotaUpserted,
 )
 
-from .derive import settle
 from .resources import fits
 from .state import EvictionRun, PreemptionRun, ProjectedState
 
@@ -69,11 +68,25 @@ def on_quota_change(
     if not delay_changed and only_raised(old_max, config.max):
         state.decrease_deadlines.pop(name, None)
         return
-    settle(state)
-    if fits(state.quotas[name].used, config.max):
+    if fits(current_used(state, name), config.max):
         state.decrease_deadlines.pop(name, None)
         return
     state.decrease_deadlines[name] = ts + delay_ms(config)
+
+
+def current_used(state: ProjectedState, name: str) -> dict[str, int]:
+    """A quota's used straight from its pods' sums, without settling the tree:
+    a leaf's ``pod_used``, a parent's Σ over its descendant leaves (§5)."""
+    total: dict[str, int] = {}
+    stack = [name]
+    while stack:
+        node = state.quotas[stack.pop()]
+        if node.config.is_parent:
+            stack.extend(state.children(node.config.name))
+        else:
+            for key, value in node.pod_used.items():
+                total[key] = total.get(key, 0) + value
+    return total
 
 
 def on_leader(state: ProjectedState, event: LeaderElected) -> str | None:
