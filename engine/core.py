@@ -17,6 +17,7 @@ restart never postpones one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from quotaledger.events.model import (
@@ -80,12 +81,18 @@ def timers(state: ProjectedState) -> list[Timer]:
 
 @dataclass(slots=True)
 class EngineCore:
-    """Decides; never does I/O. ``instance``/``epoch`` fence a stale writer."""
+    """Decides; never does I/O. ``instance``/``epoch`` fence a stale writer.
+
+    ``sealed_through`` is an offset through which the driver knows it has
+    applied every appended batch whole (the end of its own last append read
+    back, or the tail it restored to); see :meth:`finished`.
+    """
 
     projection: Projection
     instance: str = "engine"
     epoch: int = 0
     handled: set[tuple[str, str, str, int]] = field(default_factory=set)
+    sealed_through: int = -1
 
     @property
     def state(self) -> ProjectedState:
@@ -120,11 +127,15 @@ class EngineCore:
 
         ``basis`` is the offset of the last record the plan was computed from.
         A timer is proposed once; if the projection refuses the proposal (a
-        race with another writer) the state it leaves decides what comes next.
+        race with another writer) the state it leaves decides what comes next
+        (see :meth:`reopen_if_refused`). A timer whose queue is occupied is not
+        handled: it waits for the running preemption (§8 rule 34).
         """
-        self.handled.add((timer.cause, timer.queue, timer.pod_uid, timer.deadline))
         state = self.state
-        if timer.queue in state.occupied or timer.queue not in state.quotas:
+        if timer.queue in state.occupied:
+            return []
+        self.handled.add((timer.cause, timer.queue, timer.pod_uid, timer.deadline))
+        if timer.queue not in state.quotas:
             return []
         plan = self.plan(timer)
         if plan is None:
@@ -169,6 +180,23 @@ class EngineCore:
             )
         return events
 
+    def reopen_if_refused(self, timer: Timer, proposal: Sequence[Event]) -> None:
+        """Once ``proposal`` (for ``timer``) is read back: if the projection
+        refused its ``PreemptionStarted`` because another writer's preemption
+        occupied the queue first, the timer is pending again. It waits for that
+        preemption and is then evaluated on the state of that time (§8 rule 34);
+        if the other preemption answered the same deadline, the timer is gone.
+        """
+        started = proposal[0] if proposal else None
+        if not isinstance(started, PreemptionStarted):
+            return
+        state = self.state
+        if started.preemption_id in state.preemptions:
+            return
+        if started.preemption_id in state.finished_preemptions:
+            return  # accepted (ours, or an identical proposal of another engine)
+        self.handled.discard((timer.cause, timer.queue, timer.pod_uid, timer.deadline))
+
     def outstanding(self, *, mine_only: bool = False) -> list[EvictionRun]:
         """Requested evictions without an outcome: the executors' work.
 
@@ -192,11 +220,31 @@ class EngineCore:
 
         The revoke outcome compares used with runtime, which are derived
         numbers: settle first, or a PodRemoved just applied is not counted.
+
+        A preemption none of whose evictions was accepted (the guard refused
+        every victim: another writer's preemption took the pod or its queue
+        first) finishes ``not-helpful``, but only once its proposal is known to
+        be applied whole: the proposer appends ``PreemptionStarted`` and its
+        ``EvictionRequested`` as one batch, and a batch that starts at or
+        before ``sealed_through`` ends there at the latest.
         """
         state = self.projection.settled()
         out: list[PreemptionFinished] = []
         for run in sorted(state.preemptions.values(), key=lambda r: r.started_offset):
             evictions = [state.evictions[e] for e in run.evictions if e in state.evictions]
+            if not run.evictions:
+                if run.started_offset <= self.sealed_through:
+                    out.append(
+                        PreemptionFinished(
+                            preemption_id=run.preemption_id,
+                            queue=run.queue,
+                            outcome="not-helpful",
+                            claimed={},
+                            reason="every eviction was refused by the guard",
+                            epoch=self.epoch,
+                        )
+                    )
+                continue
             if not evictions or any(e.outcome is None for e in evictions):
                 continue
             claimed: RL = {}

@@ -130,12 +130,13 @@ class LiveEngine:
             raise LedgerMismatch(
                 f"state of ledger {self.state.ledger_id} cannot follow {self.ledger.ledger_id}"
             )
+        # A read to the tail ends on a committed transaction: every batch is whole.
+        self.core.sealed_through = self.state.offset
 
     async def elect(self) -> None:
         """Claim the next epoch; the projection decides who is newest."""
         epoch = self.state.leader_epoch + 1
-        offsets = await self.append([LeaderElected(epoch=epoch, instance=self.instance)])
-        await self.applied_through(offsets[-1])
+        await self.append_applied([LeaderElected(epoch=epoch, instance=self.instance)])
         self.core.epoch = epoch if self.state.leader_epoch == epoch else self.state.leader_epoch
 
     # ------------------------------------------------------------ tasks
@@ -182,17 +183,33 @@ class LiveEngine:
     async def append(self, events: Sequence[Event]) -> list[int]:
         return await self.ledger.append([Append(payload=encode_event(e)) for e in events])
 
+    async def append_applied(self, events: Sequence[Event]) -> None:
+        """Append ``events`` and wait until the follower has applied them.
+
+        The batch's last offset ends a batch, so every batch up to it has been
+        applied whole (``EngineCore.sealed_through``).
+        """
+        offsets = await self.append(events)
+        await self.applied_through(offsets[-1])
+        self.core.sealed_through = max(self.core.sealed_through, offsets[-1])
+
     def is_leader(self) -> bool:
         return not self.election or self.core.epoch == self.state.leader_epoch
 
     async def _reconcile(self, group: asyncio.TaskGroup) -> None:
         while True:
-            deadline = self.core.next_deadline()
             timeout = self.idle_poll_s
+            # A follower (not the leader) fires no timer: waking at a due deadline
+            # it will not handle would spin.
+            deadline = self.core.next_deadline() if self.is_leader() else None
             if deadline is not None:
                 timeout = max(0.0, min(timeout, (deadline - self.clock_ms()) / 1000))
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a
+            # cancellation that arrives just as the event is set (gh-86296), and
+            # the TaskGroup would then wait for this loop forever on stop.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
             self._wake.clear()
             if not self.is_leader():
                 continue
@@ -202,8 +219,7 @@ class LiveEngine:
         """One round: finish, drive evictions, fire due timers."""
         finished = self.core.finished()
         if finished:
-            offsets = await self.append(finished)
-            await self.applied_through(offsets[-1])
+            await self.append_applied(finished)
         for eviction in self.core.outstanding(mine_only=True):
             if eviction.eviction_id not in self._inflight:
                 self._inflight.add(eviction.eviction_id)
@@ -214,14 +230,16 @@ class LiveEngine:
                 return
             events = self.core.propose(timer)
             if events:
-                offsets = await self.append(events)
-                await self.applied_through(offsets[-1])
+                await self.append_applied(events)
+                self.core.reopen_if_refused(timer, events)
 
     async def _drive(self, eviction: EvictionRun) -> None:
         try:
             outcome = await self.executor.evict(eviction, self.state)
             if outcome:
-                await self.append(outcome)
+                # Read the outcome back before leaving _inflight: the next step
+                # must not see this eviction outstanding and drive it again.
+                await self.append_applied(outcome)
         finally:
             self._inflight.discard(eviction.eviction_id)
             self._wake.set()
