@@ -675,12 +675,25 @@ def build_parser() -> argparse.ArgumentParser:
         "  quotaledger bench fold --json --events 200000\n",
         formatter_class=raw,
     )
-    bench.add_argument("suite", choices=["fold"], help="which benchmark")
+    bench.add_argument(
+        "suite",
+        choices=["fold", "decide"],
+        help="fold: decode/fold/recompute/SQLite; decide: deadline-to-eviction latency"
+        " under background load, and simulate throughput",
+    )
+    bench.add_argument(
+        "--rate", type=int, default=10_000, help="decide: background events/s (default 10000)"
+    )
+    bench.add_argument(
+        "--triggers", type=int, default=100, help="decide: quota decreases to time (default 100)"
+    )
     bench.add_argument("--json", action="store_true", help="emit one JSON object")
     bench.add_argument("--quotas", type=int, default=10_000)
     bench.add_argument("--pods", type=int, default=100_000)
     bench.add_argument("--nodes", type=int, default=1_000)
-    bench.add_argument("--events", type=int, default=1_000_000)
+    bench.add_argument(
+        "--events", type=int, default=None, help="churn events (fold: 1000000; decide: 200000)"
+    )
     bench.add_argument("--seed", type=int, default=1)
     bench.set_defaults(handler=cmd_bench)
     return parser

@@ -54,8 +54,14 @@ class Timer:
     cause: str = field(default="", compare=False)
 
 
-def timers(state: ProjectedState) -> list[Timer]:
-    """Every armed timer whose setting is on, in firing order."""
+def timers(state: ProjectedState, horizon: int | None = None) -> list[Timer]:
+    """Every armed timer whose setting is on, in firing order.
+
+    With ``horizon``, only deadlines before it matter: a clock the next sample
+    would start begins at ``state.ts``, so its deadline is at least
+    ``state.ts + after`` and the (costly) preview is skipped when that is
+    beyond the horizon; committed clocks are used as they are (a stale one
+    yields no plan when fired)."""
     settings = state.settings
     out: list[Timer] = []
 
@@ -68,13 +74,18 @@ def timers(state: ProjectedState) -> list[Timer]:
             add(queue, deadline, "quota-decrease")
     if settings.revoke_enabled:
         after = round(settings.revoke_after_s * 1000)
-        for queue, since in sampled(state).items():
-            if queue not in state.owing_held:
+        preview = horizon is None or state.ts + after < horizon
+        owing = sampled(state) if preview else state.owing_since
+        for queue, since in owing.items():
+            if queue not in state.owing_held and queue in state.quotas:
                 add(queue, since + after, "overuse")
     if settings.reclaim_enabled:
         after = round(settings.reclaim_after_s * 1000)
-        for uid, since in sampled_starving(state).items():
-            add(state.pod_quota[uid], since + after, "reclaim", uid)
+        preview = horizon is None or state.ts + after < horizon
+        starving = sampled_starving(state) if preview else state.starving_since
+        for uid, since in starving.items():
+            if uid in state.pod_quota and uid not in state.starving_held:
+                add(state.pod_quota[uid], since + after, "reclaim", uid)
     out.sort()
     return out
 
@@ -98,22 +109,26 @@ class EngineCore:
     def state(self) -> ProjectedState:
         return self.projection.state
 
-    def pending(self) -> list[Timer]:
-        """Timers not yet handled, waiting or due, in firing order."""
+    def pending(self, horizon: int | None = None) -> list[Timer]:
+        """Timers not yet handled, waiting or due, in firing order (those
+        before ``horizon`` when given)."""
         state = self.state
         return [
             timer
-            for timer in timers(state)
+            for timer in timers(state, horizon)
             if (timer.cause, timer.queue, timer.pod_uid, timer.deadline) not in self.handled
             and timer.queue not in state.occupied  # §8 rule 34: waits for the running one
         ]
 
-    def next_deadline(self) -> int | None:
-        waiting = self.pending()
-        return waiting[0].deadline if waiting else None
+    def next_deadline(self, before: int | None = None) -> int | None:
+        """The earliest pending deadline (only looking before ``before`` if given)."""
+        waiting = self.pending(before)
+        if not waiting or (before is not None and waiting[0].deadline >= before):
+            return None
+        return waiting[0].deadline
 
     def due(self, now: int) -> list[Timer]:
-        return [timer for timer in self.pending() if timer.deadline <= now]
+        return [timer for timer in self.pending(now + 1) if timer.deadline <= now]
 
     def plan(self, timer: Timer) -> Plan | None:
         if timer.cause == "quota-decrease":
@@ -228,6 +243,8 @@ class EngineCore:
         ``EvictionRequested`` as one batch, and a batch that starts at or
         before ``sealed_through`` ends there at the latest.
         """
+        if not self.projection.state.preemptions:
+            return []
         state = self.projection.settled()
         out: list[PreemptionFinished] = []
         for run in sorted(state.preemptions.values(), key=lambda r: r.started_offset):

@@ -109,8 +109,8 @@ class Simulation:
     def run_timers(self, before: int | None) -> None:
         """Advance the virtual clock through every deadline ``< before`` (all if None)."""
         while True:
-            deadline = self.core.next_deadline()
-            if deadline is None or (before is not None and deadline >= before):
+            deadline = self.core.next_deadline(before)
+            if deadline is None:
                 return
             self.fire_due(max(deadline, self.now))
 

@@ -111,6 +111,12 @@ def on_started(state: ProjectedState, event: PreemptionStarted, offset: int, ts:
     holder = state.occupied.get(event.queue)
     if holder is not None:
         return f"queue: {event.queue!r} is occupied by preemption {holder!r}"
+    if event.cause == "quota-decrease":
+        deadline = state.decrease_deadlines.get(event.queue)
+        if deadline is None:
+            return f"queue: {event.queue!r} has no armed quota-decrease deadline"
+        if deadline > ts:
+            return f"queue: {event.queue!r} deadline {deadline} is after {ts}"
     state.preemptions[event.preemption_id] = PreemptionRun(
         preemption_id=event.preemption_id,
         queue=event.queue,
@@ -138,6 +144,8 @@ def on_eviction(state: ProjectedState, event: EvictionRequested, offset: int) ->
         return f"eviction_id: {event.eviction_id!r} already requested"
     if event.pod_uid in state.evicting_pods:
         return f"pod_uid: {event.pod_uid!r} is already being evicted"
+    if event.pod_uid in state.evicted_pods:
+        return f"pod_uid: {event.pod_uid!r} was already evicted"
     queue = state.pod_quota.get(event.pod_uid)
     if queue is None:
         return f"pod_uid: {event.pod_uid!r} is not an active pod"

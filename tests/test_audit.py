@@ -278,9 +278,14 @@ def test_a_decision_before_its_deadline_is_flagged(
     code, document = audit_json(capsys, export(tmp_path / "early.jsonl", records))
     assert code == 1
     started = by_kind(document, "PreemptionStarted")[0]
-    assert started["problems"] == [
+    # the guard itself refuses a start before the deadline, and audit says why too
+    assert started["problems"][0].startswith(
+        "refused by the projection: queue: 'analytics' deadline"
+    )
+    assert (
         "fired at 2026-01-01T00:05:30Z, before its deadline 2026-01-01T00:06:00Z"
-    ]
+        in (started["problems"])
+    )
 
 
 def test_decisions_the_projection_refused_are_flagged(
