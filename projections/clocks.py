@@ -130,7 +130,10 @@ def sampled(state: ProjectedState) -> dict[str, int]:
     settle(state)
     quotas = state.quotas
     clocks = dict(state.owing_since)
-    for name in state.touched | set(state.owing_since):
+    # owing depends on used, runtime and max only: every change of those puts
+    # the quota in ``touched`` (settle, put_quota, released holds), and a removed
+    # quota is dropped from the clocks by drop_quota
+    for name in state.touched:
         node = quotas.get(name)
         if node is None or not is_owing(node):
             clocks.pop(name, None)
@@ -141,9 +144,9 @@ def sampled(state: ProjectedState) -> dict[str, int]:
 
 def observe(state: ProjectedState) -> None:
     """Take the sample at ``state.ts`` (the end of the current second)."""
-    state.owing_since = dict(sorted(sampled(state).items()))
+    state.owing_since = sampled(state)  # encoded with sorted keys (view, snapshot)
     if state.settings.reclaim_enabled:
-        state.starving_since = dict(sorted(sampled_starving(state).items()))
+        state.starving_since = sampled_starving(state)
         state.free_at_sample = free_capacity(state)
         state.starving_full = False
     else:
