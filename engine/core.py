@@ -21,13 +21,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from quotaledger.events.model import (
+    ClocksObserved,
     Event,
     EvictionRequested,
     PreemptionFinished,
     PreemptionStarted,
 )
 from quotaledger.projections import Projection
-from quotaledger.projections.clocks import sampled, sampled_starving
+from quotaledger.projections.clocks import observation
 from quotaledger.projections.plans import (
     Plan,
     decrease_plan,
@@ -57,11 +58,10 @@ class Timer:
 def timers(state: ProjectedState, horizon: int | None = None) -> list[Timer]:
     """Every armed timer whose setting is on, in firing order.
 
-    With ``horizon``, only deadlines before it matter: a clock the next sample
-    would start begins at ``state.ts``, so its deadline is at least
-    ``state.ts + after`` and the (costly) preview is skipped when that is
-    beyond the horizon; committed clocks are used as they are (a stale one
-    yields no plan when fired)."""
+    Overuse and reclaim deadlines come from the clocks in force, i.e. the
+    ``ClocksObserved`` records folded so far (:meth:`EngineCore.observe`
+    writes them); a stale clock yields no plan when fired. ``horizon`` is
+    accepted for callers that only look before it."""
     settings = state.settings
     out: list[Timer] = []
 
@@ -74,16 +74,12 @@ def timers(state: ProjectedState, horizon: int | None = None) -> list[Timer]:
             add(queue, deadline, "quota-decrease")
     if settings.revoke_enabled:
         after = round(settings.revoke_after_s * 1000)
-        preview = horizon is None or state.ts + after < horizon
-        owing = sampled(state) if preview else state.owing_since
-        for queue, since in owing.items():
+        for queue, since in state.owing_since.items():
             if queue not in state.owing_held and queue in state.quotas:
                 add(queue, since + after, "overuse")
     if settings.reclaim_enabled:
         after = round(settings.reclaim_after_s * 1000)
-        preview = horizon is None or state.ts + after < horizon
-        starving = sampled_starving(state) if preview else state.starving_since
-        for uid, since in starving.items():
+        for uid, since in state.starving_since.items():
             if uid in state.pod_quota and uid not in state.starving_held:
                 add(state.pod_quota[uid], since + after, "reclaim", uid)
     out.sort()
@@ -211,6 +207,16 @@ class EngineCore:
         if started.preemption_id in state.finished_preemptions:
             return  # accepted (ours, or an identical proposal of another engine)
         self.handled.discard((timer.cause, timer.queue, timer.pod_uid, timer.deadline))
+
+    def observe(self, now: int) -> ClocksObserved | None:
+        """Sample the overuse and starvation clocks at ``now`` (DECISIONS 13):
+        the record to append, or None when no clock started or stopped."""
+        if not (self.state.settings.revoke_enabled or self.state.settings.reclaim_enabled):
+            return None
+        event = observation(self.state, now)
+        if event is not None:
+            event.epoch = self.epoch
+        return event
 
     def outstanding(self, *, mine_only: bool = False) -> list[EvictionRun]:
         """Requested evictions without an outcome: the executors' work.

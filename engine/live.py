@@ -102,6 +102,8 @@ class LiveEngine:
     _wake: asyncio.Event = field(init=False)
     _inflight: set[str] = field(default_factory=set)
     _since_snapshot: int = 0
+    observe_every_ms: int = 1000
+    _observed_at: int = 0
 
     def __post_init__(self) -> None:
         self.core = EngineCore(self.projection, instance=self.instance)
@@ -216,7 +218,14 @@ class LiveEngine:
             await self.step(group)
 
     async def step(self, group: asyncio.TaskGroup) -> None:
-        """One round: finish, drive evictions, fire due timers."""
+        """One round: sample the clocks (at most once a second), finish, drive
+        evictions, fire due timers."""
+        now = self.clock_ms()
+        if now - self._observed_at >= self.observe_every_ms:
+            self._observed_at = now
+            observed = self.core.observe(now)
+            if observed is not None:
+                await self.append_applied([observed])
         finished = self.core.finished()
         if finished:
             await self.append_applied(finished)

@@ -96,9 +96,16 @@ class Simulation:
             if not moved:
                 return
 
+    def observe(self, now: int) -> None:
+        """Sample the clocks at this instant (after its facts, before its timers)."""
+        event = self.core.observe(now)
+        if event is not None:
+            self.append_event(now, event)
+
     def fire_due(self, now: int) -> None:
         """Fire every timer due at ``now``, in §8 rule 27 order, until none is."""
         while True:
+            self.observe(now)
             due = self.core.due(now)
             if not due:
                 return
@@ -119,9 +126,12 @@ class Simulation:
         for ts, payload in lines:
             if until is not None and ts > until:
                 break
+            if ts > self.now:
+                self.observe(self.now)
             self.run_timers(before=ts)
             self.append(ts, payload)
             self.act(self.now)
+        self.observe(self.now)
         self.run_timers(before=None if until is None else until + 1)
 
     def decisions_json(self) -> list[dict[str, Any]]:

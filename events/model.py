@@ -158,6 +158,22 @@ class FactRejected(_Event, gc=False):
     raw: str | None = None
 
 
+class ClocksObserved(_Event, gc=False):
+    """The engine's sample of the overuse and starvation clocks (DESIGN §6 rules 2-3).
+
+    Starts give each clock's start time (ms); stops name clocks that ended. The
+    fold only applies these; it never samples, so replay stays a cheap fold and
+    the engine owns time.
+    """
+
+    basis: int
+    owing_started: dict[str, int] = {}
+    owing_stopped: list[str] = []
+    starving_started: dict[str, int] = {}
+    starving_stopped: list[str] = []
+    epoch: int = 0
+
+
 class PreemptionStarted(_Event, gc=False):
     preemption_id: str
     queue: str
@@ -210,6 +226,7 @@ Decision = Union[
     LedgerOpened,
     LeaderElected,
     FactRejected,
+    ClocksObserved,
     PreemptionStarted,
     EvictionRequested,
     EvictionSucceeded,
@@ -231,6 +248,7 @@ FACT_TYPES: tuple[type[Struct], ...] = (
 DECISION_TYPES: tuple[type[Struct], ...] = (
     LeaderElected,
     FactRejected,
+    ClocksObserved,
     PreemptionStarted,
     EvictionRequested,
     EvictionSucceeded,
@@ -253,6 +271,7 @@ __all__ = [
     "DECISION_TYPES",
     "FACT_TYPES",
     "RL",
+    "ClocksObserved",
     "Decision",
     "Event",
     "EvictionFailed",

@@ -1,18 +1,23 @@
-"""Overuse and starvation clocks (DESIGN §6 rules 2-3, §8 rules 28-29, 31).
+"""Overuse and starvation clocks (DESIGN §6 rules 2-3, §8 rules 28-29, 31; DECISIONS 13).
 
 A leaf quota is *owing* while ``min(used, max) > runtime`` on some resource its
 max lists (all of them when max is null): other quotas are entitled to what it
-holds. The fold samples owing once per second of ledger time — when a record
-opens a later second, the state at the end of the previous one is observed —
-so clocks are a function of the records alone, whatever the batching. A quota
-owing at a sample starts (or keeps) its clock at that sample's ts; one that
-stops owing loses it. After a revoke the quota's clock is held until the next
-fact, which restarts it if the quota still owes.
+holds. A pod *starves* per §8 rule 31.
+
+The engine samples the clocks (:func:`observation`: at every instant in
+``simulate``, at most once a second live) and writes what started and stopped
+as a ``ClocksObserved`` record; the fold only applies those records
+(:func:`apply_observation`), so clocks are a function of the ledger and replay
+never pays for sampling. A quota owing at a sample starts (or keeps) its clock
+at that sample's time; one that stops owing loses it. After a revoke the
+quota's clock is held until the next fact, which lets it start again.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
+
+from quotaledger.events.model import ClocksObserved
 
 from .derive import settle
 from .resources import RL
@@ -98,7 +103,7 @@ def _flipped(state: ProjectedState, free: RL) -> set[str]:
     return out
 
 
-def sampled_starving(state: ProjectedState) -> dict[str, int]:
+def sampled_starving(state: ProjectedState, now: int | None = None) -> dict[str, int]:
     """The starvation clocks as a sample taken now would leave them (pod uid ->
     since), without mutating them. Kept only while ``reclaim_enabled``.
 
@@ -120,11 +125,11 @@ def sampled_starving(state: ProjectedState) -> dict[str, int]:
         if uid not in state.pending_pods or not is_starving(state, uid, free):
             clocks.pop(uid, None)
         elif uid not in state.starving_held:
-            clocks.setdefault(uid, state.ts)
+            clocks.setdefault(uid, state.ts if now is None else max(now, state.ts))
     return clocks
 
 
-def sampled(state: ProjectedState) -> dict[str, int]:
+def sampled(state: ProjectedState, now: int | None = None) -> dict[str, int]:
     """The owing clocks as a sample taken now would leave them (no mutation
     besides settling derived numbers). The engine reads this at the tail."""
     settle(state)
@@ -138,22 +143,52 @@ def sampled(state: ProjectedState) -> dict[str, int]:
         if node is None or not is_owing(node):
             clocks.pop(name, None)
         elif name not in state.owing_held:
-            clocks.setdefault(name, state.ts)
+            clocks.setdefault(name, state.ts if now is None else max(now, state.ts))
     return clocks
 
 
-def observe(state: ProjectedState) -> None:
-    """Take the sample at ``state.ts`` (the end of the current second)."""
-    state.owing_since = sampled(state)  # encoded with sorted keys (view, snapshot)
+def observation(state: ProjectedState, now: int) -> ClocksObserved | None:
+    """What the engine records when it samples the clocks at ``now``: the
+    starts and stops against the clocks in force, or None when nothing
+    changed. Consumes the change bookkeeping (``touched``, ``touched_pods``,
+    free capacity at the sample); the fold never does, so only the engine's
+    samples cost a settle."""
+    owing = sampled(state, now)
+    starving = sampled_starving(state, now)
     if state.settings.reclaim_enabled:
-        state.starving_since = sampled_starving(state)
         state.free_at_sample = free_capacity(state)
         state.starving_full = False
     else:
-        state.starving_since = {}
         state.starving_full = True
     state.touched = set()
     state.touched_pods = set()
+    event = ClocksObserved(
+        basis=state.offset,
+        owing_started={k: v for k, v in sorted(owing.items()) if k not in state.owing_since},
+        owing_stopped=sorted(k for k in state.owing_since if k not in owing),
+        starving_started={
+            k: v for k, v in sorted(starving.items()) if k not in state.starving_since
+        },
+        starving_stopped=sorted(k for k in state.starving_since if k not in starving),
+    )
+    owing_changed = event.owing_started or event.owing_stopped
+    starving_changed = event.starving_started or event.starving_stopped
+    return event if owing_changed or starving_changed else None
+
+
+def apply_observation(state: ProjectedState, event: ClocksObserved) -> None:
+    """Fold an engine's sample: stops end clocks, starts begin them (the first
+    start wins when two engines sample). Held clocks do not start (§8 rule 29)."""
+    for name in event.owing_stopped:
+        state.owing_since.pop(name, None)
+    for name, since in event.owing_started.items():
+        if name in state.quotas and name not in state.owing_held:
+            state.owing_since.setdefault(name, since)
+    for uid in event.starving_stopped:
+        state.starving_since.pop(uid, None)
+    for uid, since in event.starving_started.items():
+        if uid in state.pending_pods and uid not in state.starving_held:
+            state.starving_since.setdefault(uid, since)
 
 
 def release_holds(state: ProjectedState) -> None:

@@ -13,6 +13,7 @@ from msgspec import UNSET
 from quotaledger.events.codec import EventError, decode_event
 from quotaledger.events.ledger import Record
 from quotaledger.events.model import (
+    ClocksObserved,
     Event,
     EvictionFailed,
     EvictionRequested,
@@ -35,7 +36,7 @@ from quotaledger.events.model import (
 )
 
 from . import guard
-from .clocks import observe, release_holds
+from .clocks import apply_observation, release_holds
 from .derive import settle
 from .plans import decrease_target
 from .resources import add_into, sub_into
@@ -94,8 +95,6 @@ class Projection:
         if ts > state.ts:
             if state.decrease_deadlines and state.settings.quota_preemption_enabled:
                 self._disarm_empty_deadlines(ts)
-            if ts // 1000 > state.ts // 1000 and offset > 1:
-                observe(state)
             state.ts = ts
 
     def _disarm_empty_deadlines(self, ts: int) -> None:
@@ -189,6 +188,9 @@ class Projection:
             return None
         if isinstance(event, LeaderElected):
             return guard.on_leader(state, event)
+        if isinstance(event, ClocksObserved):
+            apply_observation(state, event)
+            return None
         if isinstance(event, PreemptionStarted):
             return guard.on_started(state, event, offset, ts)
         if isinstance(event, EvictionRequested):

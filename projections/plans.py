@@ -347,6 +347,7 @@ def reclaim_plan(state: ProjectedState, uid: str) -> Plan | None:
     when there is nothing to take or no victim is possible (nothing recorded)."""
     from .clocks import free_capacity, is_owing, is_starving
 
+    settle(state)
     if uid not in state.pending_pods or not is_starving(state, uid, free_capacity(state)):
         return None
     queue = state.pod_quota[uid]

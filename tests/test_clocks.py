@@ -1,6 +1,6 @@
-"""Overuse clocks (DESIGN §6 rule 2, §8 rules 28-29; DECISIONS 13): the fold's
-incremental per-second sampling equals a brute-force sampler that recomputes
-everything at every second boundary."""
+"""Overuse and starvation clocks (DESIGN §6 rules 2-3, §8 rules 28-31; DECISIONS 13):
+the engine's incremental samples, written as ``ClocksObserved`` records and
+folded, equal a brute-force sampler that recomputes everything at each sample."""
 
 from __future__ import annotations
 
@@ -16,8 +16,42 @@ from quotaledger.events.model import (
     QuotaUpserted,
 )
 from quotaledger.projections import Projection
-from quotaledger.projections.clocks import free_capacity, is_owing, is_starving
+from quotaledger.projections.clocks import (
+    free_capacity,
+    is_owing,
+    is_starving,
+    observation,
+)
 from quotaledger.projections.snapshot import dump, load
+
+
+class EngineSampler:
+    """Folds events like a ledger with an engine attached: at each new second
+    of ledger time the engine samples the clocks and its ``ClocksObserved``
+    record is folded before the next event (what ``simulate`` and the live
+    engine do, at their own instants)."""
+
+    def __init__(self) -> None:
+        self.projection = Projection()
+        self.projection.apply(0, 0, LedgerOpened(ledger_id="t"))
+        self.offset = 0
+        self.observations = 0
+
+    @property
+    def state(self):  # type: ignore[no-untyped-def]
+        return self.projection.state
+
+    def apply(self, ts: int, event: Event) -> None:
+        state = self.projection.state
+        if self.offset > 0 and ts // 1000 > state.ts // 1000:
+            observed = observation(state, state.ts)
+            if observed is not None:
+                self.offset += 1
+                self.observations += 1
+                assert self.projection.apply(self.offset, state.ts, observed)
+        self.offset += 1
+        self.projection.apply(self.offset, ts, event)
+
 
 LEAVES = ["a", "b", "c"]
 
@@ -93,8 +127,7 @@ def test_clocks_equal_a_brute_force_sampler(history: list[Event], steps: list[in
     setup: list[Event] = [NodeUpserted(name="n", allocatable={"cpu": 12})]
     setup += [QuotaUpserted(name=leaf, min={"cpu": 3}) for leaf in LEAVES]
     events = setup + history
-    projection = Projection()
-    projection.apply(0, 0, LedgerOpened(ledger_id="t"))
+    sampler = EngineSampler()
     reference = Projection()
     reference.apply(0, 0, LedgerOpened(ledger_id="t"))
     expected: dict[str, int] = {}
@@ -113,14 +146,13 @@ def test_clocks_equal_a_brute_force_sampler(history: list[Event], steps: list[in
                 for name in now:
                     clocks.setdefault(name, reference.state.ts)
         reference.apply(offset, ts, event)
-        projection.apply(offset, ts, event)
-    assert projection.state.owing_since == expected
-    assert projection.state.starving_since == starving
+        sampler.apply(ts, event)
+    assert sampler.state.owing_since == expected
+    assert sampler.state.starving_since == starving
 
 
 def test_owing_clock_starts_at_the_sample_and_stops_when_it_no_longer_owes() -> None:
-    projection = Projection()
-    projection.apply(0, 0, LedgerOpened(ledger_id="t"))
+    sampler = EngineSampler()
     events: list[tuple[int, Event]] = [
         (0, NodeUpserted(name="n", allocatable={"cpu": 10})),
         (0, QuotaUpserted(name="a", min={"cpu": 2})),
@@ -139,8 +171,8 @@ def test_owing_clock_starts_at_the_sample_and_stops_when_it_no_longer_owes() -> 
     ]
     history = []
     for offset, (ts, event) in enumerate(events, start=1):
-        projection.apply(offset, ts, event)
-        history.append(dict(projection.state.owing_since))
+        sampler.apply(ts, event)
+        history.append(dict(sampler.state.owing_since))
     # a owes from the b1 record (1.5 s): sampled at the end of second 1, i.e. at 1800
     assert history[5] == {}
     assert history[6] == {"a": 1800}
@@ -150,8 +182,7 @@ def test_owing_clock_starts_at_the_sample_and_stops_when_it_no_longer_owes() -> 
 
 def test_starvation_ends_when_free_capacity_grows_though_its_quota_is_unchanged() -> None:
     """Only the free-capacity index notices this flip: quota a's numbers stay put."""
-    projection = Projection()
-    projection.apply(0, 0, LedgerOpened(ledger_id="t"))
+    sampler = EngineSampler()
     events: list[tuple[int, Event]] = [
         (0, NodeUpserted(name="n", allocatable={"cpu": 10})),
         (0, QuotaUpserted(name="a", min={"cpu": 5})),
@@ -168,10 +199,10 @@ def test_starvation_ends_when_free_capacity_grows_though_its_quota_is_unchanged(
     ]
     seen = []
     for offset, (ts, event) in enumerate(events, start=1):
-        projection.apply(offset, ts, event)
-        quotas = projection.settled().quotas
+        sampler.apply(ts, event)
+        quotas = sampler.projection.settled().quotas
         runtime = dict(quotas["a"].runtime) if "a" in quotas else {}
-        seen.append((dict(projection.state.starving_since), runtime))
+        seen.append((dict(sampler.state.starving_since), runtime))
     assert seen[5][0] == {"a1": 1000}  # sampled at the end of second 1
     assert seen[6][0] == {}  # free grew to 5 >= 3 at second 2
     assert seen[5][1] == seen[6][1] == {"cpu": 3}
