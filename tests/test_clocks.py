@@ -170,7 +170,7 @@ def test_owing_clock_starts_at_the_sample_and_stops_when_it_no_longer_owes() -> 
         (5000, NodeUpserted(name="m", allocatable={"cpu": 1})),
     ]
     history = []
-    for offset, (ts, event) in enumerate(events, start=1):
+    for ts, event in events:
         sampler.apply(ts, event)
         history.append(dict(sampler.state.owing_since))
     # a owes from the b1 record (1.5 s): sampled at the end of second 1, i.e. at 1800
@@ -198,7 +198,7 @@ def test_starvation_ends_when_free_capacity_grows_though_its_quota_is_unchanged(
         (3000, NodeUpserted(name="y", allocatable={})),
     ]
     seen = []
-    for offset, (ts, event) in enumerate(events, start=1):
+    for ts, event in events:
         sampler.apply(ts, event)
         quotas = sampler.projection.settled().quotas
         runtime = dict(quotas["a"].runtime) if "a" in quotas else {}
