@@ -34,6 +34,7 @@ from quotaledger.events.codec import EventError, decode_event, peek_kind
 from quotaledger.events.ledger import Record
 from quotaledger.events.model import (
     DECISION_TYPES,
+    ClocksObserved,
     Event,
     EvictionFailed,
     EvictionRequested,
@@ -45,7 +46,14 @@ from quotaledger.events.model import (
 )
 from quotaledger.events.quantity import format_amount
 from quotaledger.projections import Projection, rfc3339
-from quotaledger.projections.clocks import owed, sampled
+from quotaledger.projections.clocks import (
+    free_capacity,
+    is_owing,
+    is_starving,
+    owed,
+    sampled,
+)
+from quotaledger.projections.derive import settle
 from quotaledger.projections.guard import delay_ms
 from quotaledger.projections.plans import Plan, Victim
 from quotaledger.projections.state import ProjectedState
@@ -57,6 +65,7 @@ from .render import amounts
 DECISION_KINDS = frozenset({"LedgerOpened", *(t.__name__ for t in DECISION_TYPES)})
 #: Decisions that get a paragraph even when the projection accepted them.
 AUDITED = (
+    ClocksObserved,
     PreemptionStarted,
     EvictionRequested,
     EvictionSucceeded,
@@ -356,6 +365,8 @@ class Auditor:
 
     def _explain(self, record: Record, event: Event) -> Finding:
         head = f"{rfc3339(record.ts)} #{record.offset}"
+        if isinstance(event, ClocksObserved):
+            return self._clocks(record, event, head)
         if isinstance(event, PreemptionStarted):
             return self._started(record, event, head)
         if isinstance(event, EvictionRequested):
@@ -364,6 +375,55 @@ class Auditor:
             return self._finished(record, event, head)
         assert isinstance(event, EvictionSucceeded | EvictionFailed)
         return self._outcome(record, event, head)
+
+    # ------------------------------------------------------------ ClocksObserved
+
+    def _clocks(self, record: Record, event: ClocksObserved, head: str) -> Finding:
+        """Every clock started must owe (starve) at the basis, every stopped one not
+        (DECISIONS 13): the clocks that justify revoke and reclaim deadlines."""
+        finding = Finding(record.offset, record.ts, "ClocksObserved")
+        parts = []
+        for label, started, stopped in (
+            ("owing", event.owing_started, event.owing_stopped),
+            ("starving", event.starving_started, event.starving_stopped),
+        ):
+            if started:
+                parts.append(
+                    f"{label} from now: "
+                    + ", ".join(f"{k} (since {rfc3339(v)})" for k, v in sorted(started.items()))
+                )
+            if stopped:
+                parts.append(f"{label} no more: " + ", ".join(sorted(stopped)))
+        finding.explanation = f"{head} clocks sampled at basis #{event.basis}: " + "; ".join(parts)
+        if not 0 <= event.basis < record.offset:
+            finding.problems.append(
+                f"basis #{event.basis} is not a record before this one (#{record.offset})"
+            )
+            return finding
+        state = self.lagging.at(event.basis)
+        settle(state)
+        free = free_capacity(state)
+
+        def owes(name: str) -> bool:
+            node = state.quotas.get(name)
+            return node is not None and is_owing(node)
+
+        def starves(uid: str) -> bool:
+            return uid in state.pending_pods and is_starving(state, uid, free)
+
+        for name in sorted(event.owing_started):
+            if not owes(name):
+                finding.problems.append(f"{name} did not owe at basis #{event.basis}")
+        for name in event.owing_stopped:
+            if owes(name):
+                finding.problems.append(f"{name} still owed at basis #{event.basis}")
+        for uid in sorted(event.starving_started):
+            if not starves(uid):
+                finding.problems.append(f"pod {uid} was not starving at basis #{event.basis}")
+        for uid in event.starving_stopped:
+            if starves(uid):
+                finding.problems.append(f"pod {uid} was still starving at basis #{event.basis}")
+        return finding
 
     # ------------------------------------------------------------ PreemptionStarted
 

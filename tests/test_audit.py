@@ -359,3 +359,21 @@ def test_a_basis_behind_the_lagging_fold_refolds(monkeypatch: pytest.MonkeyPatch
         auditor.feed(record)
     report = auditor.finish()
     assert report.flagged == 0 and len(report.findings) == 4
+
+
+def test_forged_clock_start_is_flagged(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Clocks justify revoke and reclaim deadlines, so audit checks them (DECISIONS 13)."""
+    db = simulated(capsys, OVERUSE, tmp_path / "ov.db")
+    records = rows(db)
+    clocks = [(o, ts, e) for o, ts, e in records if e["kind"] == "ClocksObserved"]
+    assert clocks, "the overuse example samples its clocks"
+    code, document = audit_json(capsys, db)
+    assert code == 0
+    assert any(d["kind"] == "ClocksObserved" for d in document["decisions"])
+    offset, ts, first = clocks[0]
+    forged = {**first, "owing_started": {**first.get("owing_started", {}), "team-b": ts}}
+    tampered = [(o, t, forged if o == offset else e) for o, t, e in records]
+    code, document = audit_json(capsys, export(tmp_path / "forged.jsonl", tampered))
+    assert code == 1
+    flagged = [d for d in document["decisions"] if d["kind"] == "ClocksObserved" and d["problems"]]
+    assert flagged[0]["problems"] == [f"team-b did not owe at basis #{first['basis']}"]
