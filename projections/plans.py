@@ -39,10 +39,6 @@ class Plan(msgspec.Struct):
     reason: str = ""
     pod_uid: str | None = None
 
-    @property
-    def outcome_if_all_succeed(self) -> str:
-        return "not-helpful" if not self.victims else "complete"
-
 
 def _created_key(pod: PodUpserted, younger_first: bool) -> tuple[int, float]:
     """§8 rule 25: a null ``created_at`` counts as oldest."""
@@ -302,14 +298,6 @@ def overuse_plan(state: ProjectedState, queue: str) -> Plan | None:
     ]
     reason = "" if victims else "no preemptible running pod to revoke"
     return Plan(queue=queue, cause="overuse", target=target, victims=victims, reason=reason)
-
-
-def claimed_by(state: ProjectedState, requests: list[RL]) -> RL:
-    """Σ of victims' requests (what an eviction set releases)."""
-    out: RL = {}
-    for item in requests:
-        add_into(out, item)
-    return out
 
 
 # ------------------------------------------------------------ starvation reclaim
