@@ -378,3 +378,24 @@ def test_reclaim_takes_no_more_than_a_quota_owes_and_records_nothing_without_vic
         ]
     )
     assert [d for d in decisions(sim, "PreemptionStarted") if d["cause"] == "reclaim"] == []
+
+
+def test_revoke_never_enforces_a_lowered_max() -> None:
+    """DESIGN §6 rule 2: without quota-decrease preemption a lowered max binds new
+    admissions only; min(used, max) ≤ runtime, so the quota does not owe."""
+    sim = Simulation()
+    sim.run(
+        [
+            line(0, kind="SettingsChanged", revoke_after_s=10),
+            NODE,
+            line(0, kind="QuotaUpserted", name="q", min={"cpu": 2}, max={"cpu": 10}),
+            *[pod(1, f"r{i}", "q", {"cpu": 2}) for i in range(4)],
+            line(5, kind="QuotaUpserted", name="q", min={"cpu": 2}, max={"cpu": 5}),
+            line(600, kind="NodeUpserted", name="n2", allocatable={"cpu": 1}),
+        ]
+    )
+    assert decisions(sim, "PreemptionStarted") == []
+    state = sim.projection.settled()
+    assert state.quotas["q"].used == {"cpu": 8000}
+    assert state.quotas["q"].runtime == {"cpu": 5000}
+    assert state.owing_since == {}
