@@ -48,6 +48,11 @@ def _created_key(pod: PodUpserted, younger_first: bool) -> tuple[int, float]:
     return (0, -stamp) if younger_first else (1, -stamp)
 
 
+def created_text(pod: PodUpserted) -> str | None:
+    """A pod's ``created_at`` as recorded in a victim's ``explain`` (RFC 3339 or null)."""
+    return pod.created_at.isoformat() if pod.created_at else None
+
+
 def decrease_sort_key(pod: PodUpserted) -> tuple[Any, ...]:
     """Rule 1 victim order: non-originator, lower priority, allow_preemption
     first, younger, uid."""
@@ -211,7 +216,7 @@ def decrease_plan(state: ProjectedState, queue: str) -> Plan | None:
                             "originator": pod.originator,
                             "priority": pod.priority,
                             "allow_preemption": pod.allow_preemption,
-                            "created_at": pod.created_at.isoformat() if pod.created_at else None,
+                            "created_at": created_text(pod),
                             "uid": pod.uid,
                         },
                     },
@@ -288,7 +293,7 @@ def overuse_plan(state: ProjectedState, queue: str) -> Plan | None:
                 "rank": rank,
                 "sort_key": {
                     "priority": pod.priority,
-                    "created_at": pod.created_at.isoformat() if pod.created_at else None,
+                    "created_at": created_text(pod),
                     "uid": pod.uid,
                 },
             },
@@ -388,7 +393,7 @@ def reclaim_plan(state: ProjectedState, uid: str) -> Plan | None:
                     "sort_key": {
                         "common_ancestor_depth": -sort_key[0],
                         "priority": pod.priority,
-                        "created_at": pod.created_at.isoformat() if pod.created_at else None,
+                        "created_at": created_text(pod),
                         "uid": pod.uid,
                     },
                 },
