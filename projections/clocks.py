@@ -92,14 +92,14 @@ def _flipped(state: ProjectedState, free: RL) -> set[str]:
     new free amount of some resource."""
     out: set[str] = set()
     old = state.free_at_sample
-    for key, index in state.pending_index.items():
+    for key, amounts in state.pending_amounts.items():
         before, after = old.get(key, 0), free.get(key, 0)
-        if before == after or not index:
+        if before == after or not amounts:
             continue
         low, high = min(before, after), max(before, after)
-        start = bisect_right(index, (low, "\U0010ffff"))
-        stop = bisect_right(index, (high, "\U0010ffff"))
-        out.update(uid for _, uid in index[start:stop])
+        buckets = state.pending_index[key]
+        for amount in amounts[bisect_right(amounts, low) : bisect_right(amounts, high)]:
+            out.update(buckets[amount])
     return out
 
 

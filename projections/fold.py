@@ -40,8 +40,8 @@ from .clocks import apply_observation, release_holds
 from .derive import settle
 from .plans import decrease_target
 from .resources import add_into, sub_into
-from .state import ROOT, ProjectedState, Rejection
-from .tree import attach_pod, detach_pod, drop_quota, is_active, put_quota
+from .state import ACTIVE_PHASES, ROOT, ProjectedState, Rejection
+from .tree import attach_pod, detach_pod, drop_quota, is_active, put_quota, replace_pod
 from .validation import check_remove, check_upsert
 
 
@@ -152,14 +152,25 @@ class Projection:
 
     def _pod_upserted(self, pod: PodUpserted) -> str | None:
         state = self.state
-        old = state.pods.get(pod.uid)
-        if old is not None and is_active(old):
-            detach_pod(state, old)
-        state.pods[pod.uid] = pod
-        if is_active(pod):
+        uid = pod.uid
+        old = state.pods.get(uid)
+        state.pods[uid] = pod
+        active = pod.phase in ACTIVE_PHASES
+        if old is None:
+            if active:
+                attach_pod(state, pod)
+            return None
+        if old.phase in ACTIVE_PHASES:
+            if active and old.namespace == pod.namespace and old.quota == pod.quota:
+                replace_pod(state, old, pod)
+            else:
+                detach_pod(state, old)
+                if active:
+                    attach_pod(state, pod)
+        elif active:
             attach_pod(state, pod)
-        if pod.phase != "Running" and old is not None:
-            guard.on_pod_gone(state, pod.uid)
+        if pod.phase != "Running" and uid in state.evicting_pods:
+            guard.on_pod_gone(state, uid)
         return None
 
     def _settings(self, event: SettingsChanged) -> str | None:

@@ -45,7 +45,8 @@ class Rejection(msgspec.Struct, frozen=True):
 
 
 class NamespaceUsage(msgspec.Struct):
-    """Σ requests of one namespace's active pods inside one leaf quota."""
+    """Σ requests of one namespace's active pods inside one leaf quota
+    (computed when read: :func:`quotaledger.projections.fair_share.namespace_usage`)."""
 
     request: RL = msgspec.field(default_factory=dict)
     used: RL = msgspec.field(default_factory=dict)
@@ -65,7 +66,6 @@ class QuotaNode:
     pods: set[str] = field(default_factory=set)
     pod_request: RL = field(default_factory=dict)
     pod_used: RL = field(default_factory=dict)
-    namespaces: dict[str, NamespaceUsage] = field(default_factory=dict)
     connected: bool = True
     depth: int = 1
     # derived, bottom-up
@@ -141,9 +141,11 @@ class ProjectedState:
     namespace_pods: dict[str, set[str]] = field(default_factory=dict)  # active pods
     pending_pods: set[str] = field(default_factory=set)  # Pending without a node
     # starvation bookkeeping (derived, rebuilt on restore): pending pods by quota and,
-    # per resource, sorted by request; what changed since the last sample
+    # per resource, by requested amount (with the distinct amounts sorted); what
+    # changed since the last sample
     pending_by_quota: dict[str, set[str]] = field(default_factory=dict)
-    pending_index: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    pending_index: dict[str, dict[int, set[str]]] = field(default_factory=dict)
+    pending_amounts: dict[str, list[int]] = field(default_factory=dict)
     touched_pods: set[str] = field(default_factory=set)
     free_at_sample: RL = field(default_factory=dict)
     starving_full: bool = True

@@ -12,13 +12,12 @@ from collections.abc import Iterable
 
 from quotaledger.events.model import PodUpserted, QuotaUpserted
 
-from .resources import add_into, sub_into
+from .resources import RL, add_into, sub_into
 from .state import (
     ACTIVE_PHASES,
     DEFAULT,
     ROOT,
     SYSTEM,
-    NamespaceUsage,
     ProjectedState,
     QuotaNode,
 )
@@ -60,55 +59,108 @@ def mark_dirty(state: ProjectedState, name: str) -> None:
 def _charge(state: ProjectedState, node: QuotaNode, pod: PodUpserted, sign: int) -> None:
     change = add_into if sign > 0 else sub_into
     change(node.pod_request, pod.requests)
-    ns = node.namespaces.get(pod.namespace)
-    if ns is None:
-        ns = node.namespaces[pod.namespace] = NamespaceUsage()
-    change(ns.request, pod.requests)
     if pod.node is not None:
         change(node.pod_used, pod.requests)
-        change(ns.used, pod.requests)
-    ns.pods += sign
-    if ns.pods == 0:
-        del node.namespaces[pod.namespace]
     mark_dirty(state, node.config.name)
 
 
 def attach_pod(state: ProjectedState, pod: PodUpserted) -> None:
     """Count an active pod in its quota (and the indexes that find it again)."""
+    uid = pod.uid
     name = quota_for(state, pod)
-    state.pod_quota[pod.uid] = name
-    state.namespace_pods.setdefault(pod.namespace, set()).add(pod.uid)
+    state.pod_quota[uid] = name
+    state.namespace_pods.setdefault(pod.namespace, set()).add(uid)
     if pod.quota is not None:
-        state.field_pods.setdefault(pod.quota, set()).add(pod.uid)
+        state.field_pods.setdefault(pod.quota, set()).add(uid)
     node = state.quotas[name]
-    node.pods.add(pod.uid)
+    node.pods.add(uid)
     if pod.phase == "Pending" and pod.node is None:
-        state.pending_pods.add(pod.uid)
-        state.pending_by_quota.setdefault(name, set()).add(pod.uid)
-        for key, value in pod.requests.items():
-            if value > 0:
-                insort(state.pending_index.setdefault(key, []), (value, pod.uid))
-        state.touched_pods.add(pod.uid)
+        _index_pending(state, name, uid, pod.requests)
     _charge(state, node, pod, +1)
 
 
 def detach_pod(state: ProjectedState, pod: PodUpserted) -> None:
     """Undo :func:`attach_pod` for a pod that was active."""
-    name = state.pod_quota.pop(pod.uid)
-    _discard(state.namespace_pods, pod.namespace, pod.uid)
+    uid = pod.uid
+    name = state.pod_quota.pop(uid)
+    _discard(state.namespace_pods, pod.namespace, uid)
     if pod.quota is not None:
-        _discard(state.field_pods, pod.quota, pod.uid)
+        _discard(state.field_pods, pod.quota, uid)
     node = state.quotas[name]
-    node.pods.discard(pod.uid)
-    if pod.uid in state.pending_pods:
-        state.pending_pods.discard(pod.uid)
-        _discard(state.pending_by_quota, name, pod.uid)
-        for key, value in pod.requests.items():
-            if value > 0:
-                index = state.pending_index[key]
-                del index[bisect_left(index, (value, pod.uid))]
-        state.touched_pods.add(pod.uid)
+    node.pods.discard(uid)
+    if uid in state.pending_pods:
+        _unindex_pending(state, name, uid, pod.requests)
     _charge(state, node, pod, -1)
+
+
+def replace_pod(state: ProjectedState, old: PodUpserted, pod: PodUpserted) -> None:
+    """An active pod upserted again, still active, with the same namespace and
+    ``quota`` field: rule 7 gives it the same quota, so only its sums move, by
+    the difference. Equivalent to ``detach_pod(old)`` then ``attach_pod(pod)``,
+    without touching what did not change (the fold's hot path)."""
+    uid = pod.uid
+    name = state.pod_quota[uid]
+    node = state.quotas[name]
+    old_requests, requests = old.requests, pod.requests
+    same = old_requests is requests or old_requests == requests
+    was_bound, bound = old.node is not None, pod.node is not None
+    changed = False
+    if not same:
+        sub_into(node.pod_request, old_requests)
+        add_into(node.pod_request, requests)
+        changed = True
+    if was_bound != bound or (bound and not same):
+        if was_bound:
+            sub_into(node.pod_used, old_requests)
+        if bound:
+            add_into(node.pod_used, requests)
+        changed = True
+    was_pending = uid in state.pending_pods
+    pending = pod.phase == "Pending" and not bound
+    if (was_pending or pending) and (was_pending != pending or not same):
+        if was_pending:
+            _unindex_pending(state, name, uid, old_requests)
+        if pending:
+            _index_pending(state, name, uid, requests)
+    if changed:
+        mark_dirty(state, name)
+
+
+def _index_pending(state: ProjectedState, name: str, uid: str, requests: RL) -> None:
+    """A Pending pod without a node joins the starvation indexes (§8 rule 31):
+    by quota, and per resource by requested amount (buckets of uids, with the
+    distinct amounts kept sorted for :func:`clocks._flipped`)."""
+    state.pending_pods.add(uid)
+    state.pending_by_quota.setdefault(name, set()).add(uid)
+    for key, value in requests.items():
+        if value > 0:
+            buckets = state.pending_index.get(key)
+            if buckets is None:
+                buckets = state.pending_index[key] = {}
+            bucket = buckets.get(value)
+            if bucket is None:
+                bucket = buckets[value] = set()
+                insort(state.pending_amounts.setdefault(key, []), value)
+            bucket.add(uid)
+    state.touched_pods.add(uid)
+
+
+def _unindex_pending(state: ProjectedState, name: str, uid: str, requests: RL) -> None:
+    """Undo :func:`_index_pending`."""
+    state.pending_pods.discard(uid)
+    _discard(state.pending_by_quota, name, uid)
+    for key, value in requests.items():
+        if value > 0:
+            buckets = state.pending_index[key]
+            bucket = buckets[value]
+            bucket.discard(uid)
+            if not bucket:
+                del buckets[value]
+                amounts = state.pending_amounts[key]
+                del amounts[bisect_left(amounts, value)]
+                if not buckets:
+                    del state.pending_index[key], state.pending_amounts[key]
+    state.touched_pods.add(uid)
 
 
 def _discard(index: dict[str, set[str]], key: str, uid: str) -> None:

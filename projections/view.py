@@ -17,7 +17,7 @@ import msgspec
 
 from .available import reported_available
 from .derive import settle
-from .fair_share import fair_shares
+from .fair_share import fair_shares, namespace_usage
 from .resources import RL, sparse
 from .state import ProjectedState
 
@@ -40,7 +40,8 @@ def quota_view(state: ProjectedState, name: str, memo: dict[str, RL]) -> dict[st
     """One quota as in ``state.quotas[name]`` (call after ``settle``)."""
     node = state.quotas[name]
     config = node.config
-    shares = fair_shares(node, state.namespace_weights)
+    usage_by_ns = namespace_usage(state, node)
+    shares = fair_shares(node, usage_by_ns, state.namespace_weights)
     namespaces = {
         ns: {
             "weight": state.namespace_weights.get(ns, 1),
@@ -48,7 +49,7 @@ def quota_view(state: ProjectedState, name: str, memo: dict[str, RL]) -> dict[st
             "used": sparse(usage.used),
             "fair_share": shares[ns],
         }
-        for ns, usage in sorted(node.namespaces.items())
+        for ns, usage in usage_by_ns.items()
     }
     return {
         "parent": config.parent,

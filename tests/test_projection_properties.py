@@ -100,3 +100,26 @@ def test_pod_sums_match_their_pods(history: list[Event]) -> None:
                 expected[key] = expected.get(key, 0) + value
         assert node.pod_request == {k: v for k, v in expected.items() if v}
         assert not node.config.is_parent or not node.pods
+
+
+@PROPERTY
+@given(histories())
+def test_pod_indexes_equal_those_rebuilt_from_scratch(history: list[Event]) -> None:
+    """The fold's in-place pod updates (``replace_pod``) leave every pod index as
+    attaching each pod afresh would (snapshot restore rebuilds them that way)."""
+    state = fold(history).settled()
+    rebuilt = load(dump(state))
+    for index in (
+        "pod_quota",
+        "namespace_pods",
+        "field_pods",
+        "pending_pods",
+        "pending_by_quota",
+        "pending_index",
+        "pending_amounts",
+    ):
+        assert getattr(state, index) == getattr(rebuilt, index), index
+    for name, node in state.quotas.items():
+        again = rebuilt.quotas[name]
+        assert node.pods == again.pods
+        assert node.pod_used == again.pod_used
