@@ -8,6 +8,7 @@ Kubernetes rounds a request it has to represent in a coarser unit.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from fractions import Fraction
 from functools import lru_cache
 
@@ -93,9 +94,30 @@ def _canonical_text(text: str, scale: int) -> int:
 
 
 def canonical_list(field: str, raw: dict[str, int | float | str]) -> dict[str, int]:
-    """Canonicalise a resource list, naming ``$.field.resource`` in any error."""
+    """Canonicalise a resource list, naming ``$.field.resource`` in any error.
+
+    Lists whose amounts are all strings or integers (the wire's usual form) are
+    memoised whole and the result is **shared** between every event that wrote
+    the same list: nobody may mutate an event's resource list (the projection
+    never does; it copies into its own sums). Floats and anything else go the
+    uncached way, so ``True`` can never hit the entry of ``1``, nor ``1e21``
+    the entry of the integer it equals.
+    """
+    for value in raw.values():
+        kind = value.__class__
+        if kind is not str and kind is not int:
+            return _canonical_items(field, raw.items())
+    return _canonical_memo(field, tuple(raw.items()))
+
+
+@lru_cache(maxsize=65536)
+def _canonical_memo(field: str, items: tuple[tuple[str, int | str], ...]) -> dict[str, int]:
+    return _canonical_items(field, items)
+
+
+def _canonical_items(field: str, items: Iterable[tuple[str, int | float | str]]) -> dict[str, int]:
     out: dict[str, int] = {}
-    for resource, value in raw.items():
+    for resource, value in items:
         try:
             out[resource] = canonical_amount(resource, value)
         except QuantityError as exc:

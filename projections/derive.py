@@ -20,6 +20,7 @@ from .request import recompute_node
 from .resources import RL
 from .runtime import distribute
 from .state import BUILTIN, DEFAULT, ROOT, SYSTEM, ProjectedState, QuotaNode
+from .tree import flush_sums
 
 
 def _children(state: ProjectedState, name: str) -> list[QuotaNode]:
@@ -42,6 +43,8 @@ def settle(state: ProjectedState) -> None:
     root_changed = False
     for name in sorted(path, key=lambda q: (-quotas[q].depth, q)):
         node = quotas[name]
+        if node.sum_log or node.sums_stale:
+            flush_sums(state, node)
         if recompute_node(node, _children(state, name)):
             parent = node.config.parent
             if parent == ROOT:

@@ -8,11 +8,16 @@ recorded in ``state.rejected`` (§8 rule 5) and changes nothing else.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from msgspec import UNSET
 
 from quotaledger.events.codec import EventError, decode_event
 from quotaledger.events.ledger import Record
 from quotaledger.events.model import (
+    DECISION_TYPES,
+    FACT_TYPES,
     ClocksObserved,
     Event,
     EvictionFailed,
@@ -31,7 +36,6 @@ from quotaledger.events.model import (
     QuotaRemoved,
     QuotaUpserted,
     SettingsChanged,
-    is_fact,
     kind_of,
 )
 
@@ -41,8 +45,10 @@ from .derive import settle
 from .plans import decrease_target
 from .resources import add_into, sub_into
 from .state import ACTIVE_PHASES, ROOT, ProjectedState, Rejection
-from .tree import attach_pod, detach_pod, drop_quota, is_active, put_quota, replace_pod
+from .tree import attach_pod, compact, detach_pod, drop_quota, put_quota, replace_pod
 from .validation import check_remove, check_upsert
+
+_FACTS = frozenset(FACT_TYPES)
 
 
 class OutOfOrder(ValueError):
@@ -54,6 +60,7 @@ class Projection:
 
     def __init__(self, state: ProjectedState | None = None) -> None:
         self.state = state if state is not None else ProjectedState.empty()
+        self._handlers = self._handler_table()
 
     # ------------------------------------------------------------ records
 
@@ -70,12 +77,23 @@ class Projection:
     def apply(self, offset: int, ts: int, event: Event) -> bool:
         """Apply a decoded event at ``offset``/``ts``; False when it was rejected."""
         self._advance(offset, ts)
-        reason = self._dispatch(offset, ts, event)
+        handler = self._handlers.get(type(event))
+        if handler is None:
+            reason: str | None = f"kind: unsupported event {kind_of(event)!r}"
+        else:
+            reason = handler(offset, ts, event)
         if reason is not None:
             self.reject(offset, kind_of(event), reason)
             return False
-        if is_fact(event) and not self._answers_eviction(event):
-            release_holds(self.state)
+        state = self.state
+        if (
+            (state.owing_held or state.starving_held)
+            and type(event) in _FACTS
+            and not self._answers_eviction(event)
+        ):
+            release_holds(state)
+        elif type(event) is PodRemoved and state.evicted_pods:
+            state.evicted_pods.pop(event.uid, None)
         return True
 
     def _answers_eviction(self, event: Event) -> bool:
@@ -107,51 +125,70 @@ class Projection:
 
     # ------------------------------------------------------------ events
 
-    def _dispatch(self, offset: int, ts: int, event: Event) -> str | None:
-        state = self.state
-        if isinstance(event, PodUpserted):
-            return self._pod_upserted(event)
-        if isinstance(event, PodRemoved):
-            old = state.pods.pop(event.uid, None)
-            if old is not None:
-                if is_active(old):
-                    detach_pod(state, old)
-                guard.on_pod_gone(state, event.uid)
-            return None
-        if isinstance(event, NodeUpserted):
-            old_alloc = state.nodes.get(event.name)
-            if old_alloc is not None:
-                sub_into(state.allocatable, old_alloc)
-            state.nodes[event.name] = event.allocatable
-            add_into(state.allocatable, event.allocatable)
-            state.total_dirty = True
-            return None
-        if isinstance(event, NodeRemoved):
-            removed = state.nodes.pop(event.name, None)
-            if removed is not None:
-                sub_into(state.allocatable, removed)
-                state.total_dirty = True
-            return None
-        if isinstance(event, QuotaUpserted):
-            reason = check_upsert(state, event)
-            if reason is None:
-                previous = put_quota(state, event)
-                guard.on_quota_change(state, previous, event, ts)
-            return reason
-        if isinstance(event, QuotaRemoved):
-            reason = check_remove(state, event)
-            if reason is None:
-                drop_quota(state, event.name)
-            return reason
-        if isinstance(event, NamespaceWeighted):
-            state.namespace_weights[event.namespace] = event.weight
-            return None
-        if isinstance(event, SettingsChanged):
-            return self._settings(event)
-        return self._decision(offset, ts, event)
+    def _handler_table(self) -> dict[type, Callable[[int, int, Any], str | None]]:
+        """Event type -> the method that applies it (a reason when refused)."""
+        facts: dict[type, Callable[[int, int, Any], str | None]] = {
+            PodUpserted: self._pod_upserted,
+            PodRemoved: self._pod_removed,
+            NodeUpserted: self._node_upserted,
+            NodeRemoved: self._node_removed,
+            QuotaUpserted: self._quota_upserted,
+            QuotaRemoved: self._quota_removed,
+            NamespaceWeighted: self._namespace_weighted,
+            SettingsChanged: self._settings,
+        }
+        decisions = dict.fromkeys((LedgerOpened, *DECISION_TYPES), self._decision)
+        return {**decisions, **facts}
 
-    def _pod_upserted(self, pod: PodUpserted) -> str | None:
+    def _pod_removed(self, offset: int, ts: int, event: PodRemoved) -> str | None:
         state = self.state
+        old = state.pods.pop(event.uid, None)
+        if old is not None:
+            if old.phase in ACTIVE_PHASES:
+                detach_pod(state, old)
+            if event.uid in state.evicting_pods:
+                guard.on_pod_gone(state, event.uid)
+        return None
+
+    def _node_upserted(self, offset: int, ts: int, event: NodeUpserted) -> str | None:
+        state = self.state
+        old_alloc = state.nodes.get(event.name)
+        if old_alloc is not None:
+            sub_into(state.allocatable, old_alloc)
+        state.nodes[event.name] = event.allocatable
+        add_into(state.allocatable, event.allocatable)
+        state.total_dirty = True
+        return None
+
+    def _node_removed(self, offset: int, ts: int, event: NodeRemoved) -> str | None:
+        state = self.state
+        removed = state.nodes.pop(event.name, None)
+        if removed is not None:
+            sub_into(state.allocatable, removed)
+            state.total_dirty = True
+        return None
+
+    def _quota_upserted(self, offset: int, ts: int, event: QuotaUpserted) -> str | None:
+        state = self.state
+        reason = check_upsert(state, event)
+        if reason is None:
+            previous = put_quota(state, event)
+            guard.on_quota_change(state, previous, event, ts)
+        return reason
+
+    def _quota_removed(self, offset: int, ts: int, event: QuotaRemoved) -> str | None:
+        reason = check_remove(self.state, event)
+        if reason is None:
+            drop_quota(self.state, event.name)
+        return reason
+
+    def _namespace_weighted(self, offset: int, ts: int, event: NamespaceWeighted) -> str | None:
+        self.state.namespace_weights[event.namespace] = event.weight
+        return None
+
+    def _pod_upserted(self, offset: int, ts: int, pod: PodUpserted) -> str | None:
+        state = self.state
+        compact(pod)
         uid = pod.uid
         old = state.pods.get(uid)
         state.pods[uid] = pod
@@ -173,7 +210,7 @@ class Projection:
             guard.on_pod_gone(state, uid)
         return None
 
-    def _settings(self, event: SettingsChanged) -> str | None:
+    def _settings(self, offset: int, ts: int, event: SettingsChanged) -> str | None:
         settings = self.state.settings
         before = settings.min_scaling
         for field in SettingsChanged.__struct_fields__:

@@ -23,6 +23,7 @@ from quotaledger.events.model import (
 
 from .resources import fits
 from .state import EvictionRun, PreemptionRun, ProjectedState
+from .tree import flush_sums
 
 _UNLIMITED = float("inf")
 
@@ -84,6 +85,7 @@ def current_used(state: ProjectedState, name: str) -> dict[str, int]:
         if node.config.is_parent:
             stack.extend(state.children(node.config.name))
         else:
+            flush_sums(state, node)
             for key, value in node.pod_used.items():
                 total[key] = total.get(key, 0) + value
     return total

@@ -23,7 +23,7 @@ from .state import (
     Rejection,
     Settings,
 )
-from .tree import attach_pod, is_active, refresh_connectivity
+from .tree import attach_pod, compact, is_active, refresh_connectivity
 
 FORMAT = 1
 
@@ -111,6 +111,7 @@ def load(blob: bytes) -> ProjectedState:
     for name in state.quotas:
         refresh_connectivity(state, name)
     for pod in body.pods:
+        compact(pod)
         state.pods[pod.uid] = pod
         if is_active(pod):
             attach_pod(state, pod)

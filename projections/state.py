@@ -58,14 +58,20 @@ class QuotaNode:
     """One quota: its configuration, its pods' sums, and derived numbers.
 
     ``pod_request``/``pod_used`` are Σ requests of the quota's active pods
-    (unmasked; used only for pods with a node, §8 rule 12). Derived lists are
-    sparse and valid only after ``settle``.
+    (unmasked; used only for pods with a node, §8 rule 12) once
+    :func:`quotaledger.projections.tree.flush_sums` has run (``settle`` does).
+    Derived lists are sparse and valid only after ``settle``.
     """
 
     config: QuotaUpserted
     pods: set[str] = field(default_factory=set)
     pod_request: RL = field(default_factory=dict)
     pod_used: RL = field(default_factory=dict)
+    # in-place pod changes not yet in the sums: (old requests, new requests,
+    # old bound, new bound); or, once longer than the pods, ``sums_stale``
+    # (rebuild from the pods). See tree.flush_sums.
+    sum_log: list[tuple[RL, RL, bool, bool]] = field(default_factory=list)
+    sums_stale: bool = False
     connected: bool = True
     depth: int = 1
     # derived, bottom-up

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Iterable
+from functools import lru_cache
+from sys import intern
 
 from quotaledger.events.model import PodUpserted, QuotaUpserted
 
@@ -21,6 +23,27 @@ from .state import (
     ProjectedState,
     QuotaNode,
 )
+
+
+def compact(pod: PodUpserted) -> None:
+    """Shrink a pod to what the projection keeps (DESIGN §5; PERFORMANCE.md,
+    memory): ``at`` is dropped (the record's ts is the time), namespace and
+    node names are interned, a name equal to the uid is the uid, and equal
+    label maps are one shared map. Pods are facts the projection never
+    mutates otherwise, so sharing is safe."""
+    pod.at = None
+    pod.namespace = intern(pod.namespace)
+    if pod.node is not None:
+        pod.node = intern(pod.node)
+    if pod.name == pod.uid:
+        pod.name = pod.uid
+    if pod.labels:
+        pod.labels = _shared_labels(tuple(pod.labels.items()))
+
+
+@lru_cache(maxsize=4096)
+def _shared_labels(items: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    return dict(items)
 
 
 def is_active(pod: PodUpserted) -> bool:
@@ -57,11 +80,41 @@ def mark_dirty(state: ProjectedState, name: str) -> None:
 
 
 def _charge(state: ProjectedState, node: QuotaNode, pod: PodUpserted, sign: int) -> None:
-    change = add_into if sign > 0 else sub_into
-    change(node.pod_request, pod.requests)
-    if pod.node is not None:
-        change(node.pod_used, pod.requests)
+    if not node.sums_stale:
+        change = add_into if sign > 0 else sub_into
+        change(node.pod_request, pod.requests)
+        if pod.node is not None:
+            change(node.pod_used, pod.requests)
     mark_dirty(state, node.config.name)
+
+
+def flush_sums(state: ProjectedState, node: QuotaNode) -> None:
+    """Bring ``pod_request``/``pod_used`` up to date: apply the logged in-place
+    changes, or rebuild from the quota's pods when the log outgrew them.
+    Either way the sums equal Σ over the active pods (sums commute, so when
+    a change is applied does not matter)."""
+    if node.sums_stale:
+        request: RL = {}
+        used: RL = {}
+        pods = state.pods
+        for uid in node.pods:
+            pod = pods[uid]
+            add_into(request, pod.requests)
+            if pod.node is not None:
+                add_into(used, pod.requests)
+        node.pod_request, node.pod_used = request, used
+        node.sums_stale = False
+    elif node.sum_log:
+        total, bound_total = node.pod_request, node.pod_used
+        for old, new, was_bound, bound in node.sum_log:
+            if old is not new:
+                sub_into(total, old)
+                add_into(total, new)
+            if was_bound:
+                sub_into(bound_total, old)
+            if bound:
+                add_into(bound_total, new)
+        node.sum_log.clear()
 
 
 def attach_pod(state: ProjectedState, pod: PodUpserted) -> None:
@@ -102,19 +155,18 @@ def replace_pod(state: ProjectedState, old: PodUpserted, pod: PodUpserted) -> No
     name = state.pod_quota[uid]
     node = state.quotas[name]
     old_requests, requests = old.requests, pod.requests
-    same = old_requests is requests or old_requests == requests
+    if old_requests is not requests and old_requests == requests:
+        requests = old_requests
+    same = old_requests is requests
     was_bound, bound = old.node is not None, pod.node is not None
-    changed = False
-    if not same:
-        sub_into(node.pod_request, old_requests)
-        add_into(node.pod_request, requests)
-        changed = True
-    if was_bound != bound or (bound and not same):
-        if was_bound:
-            sub_into(node.pod_used, old_requests)
-        if bound:
-            add_into(node.pod_used, requests)
-        changed = True
+    if not same or was_bound != bound:
+        if not node.sums_stale:
+            log = node.sum_log
+            log.append((old_requests, requests, was_bound, bound))
+            if len(log) > len(node.pods) + 8:
+                log.clear()
+                node.sums_stale = True
+        mark_dirty(state, name)
     was_pending = uid in state.pending_pods
     pending = pod.phase == "Pending" and not bound
     if (was_pending or pending) and (was_pending != pending or not same):
@@ -122,8 +174,6 @@ def replace_pod(state: ProjectedState, old: PodUpserted, pod: PodUpserted) -> No
             _unindex_pending(state, name, uid, old_requests)
         if pending:
             _index_pending(state, name, uid, requests)
-    if changed:
-        mark_dirty(state, name)
 
 
 def _index_pending(state: ProjectedState, name: str, uid: str, requests: RL) -> None:
