@@ -137,8 +137,12 @@ class Projection:
             NamespaceWeighted: self._namespace_weighted,
             SettingsChanged: self._settings,
         }
-        decisions = dict.fromkeys((LedgerOpened, *DECISION_TYPES), self._decision)
-        return {**decisions, **facts}
+        decision: Callable[[int, int, Any], str | None] = self._decision
+        table: dict[type, Callable[[int, int, Any], str | None]] = dict.fromkeys(
+            (LedgerOpened, *DECISION_TYPES), decision
+        )
+        table.update(facts)
+        return table
 
     def _pod_removed(self, offset: int, ts: int, event: PodRemoved) -> str | None:
         state = self.state
