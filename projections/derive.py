@@ -128,9 +128,8 @@ def _refill(state: ProjectedState) -> None:
             total, children = node.runtime, _children(state, name)
         if not children:
             continue
-        shares = distribute(total, children, min_scaling)
-        for child in children:
-            runtime, effective = shares[child.config.name]
+        runtimes, effectives = distribute(total, children, min_scaling)
+        for child, runtime, effective in zip(children, runtimes, effectives, strict=True):
             child.effective_min = effective
             if runtime != child.runtime:
                 child.runtime = runtime

@@ -15,66 +15,9 @@ the charged ``usage``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from quotaledger.events.model import QuotaUpserted
-
-from .resources import RL, add_into, masked
+from .resources import RL, add_into
 from .state import QuotaNode
-
-
-def lending_limit(config: QuotaUpserted) -> Mapping[str, int] | None:
-    """The effective lending limit: ``allow_lent false`` means 0 everywhere."""
-    if not config.allow_lent:
-        return _ZERO_EVERYWHERE
-    return config.lending_limit
-
-
-class _ZeroEverywhere(dict[str, int]):
-    """A limit list that lists every resource at 0 (allow_lent false)."""
-
-    def __contains__(self, key: object) -> bool:
-        return True
-
-    def get(self, key: str, default: int | None = None) -> int:  # type: ignore[override]
-        return 0
-
-    def __getitem__(self, key: str) -> int:
-        return 0
-
-
-_ZERO_EVERYWHERE = _ZeroEverywhere()
-
-
-def reserved(config: QuotaUpserted) -> RL:
-    """``max(0, min − lending_limit)`` per resource (0 where no limit)."""
-    limit = lending_limit(config)
-    if limit is None:
-        return {}
-    out: RL = {}
-    for key, value in config.min.items():
-        if key in limit:
-            kept = value - limit.get(key, 0)
-            if kept > 0:
-                out[key] = kept
-    return out
-
-
-def limited(config: QuotaUpserted, request: Mapping[str, int]) -> RL:
-    """``min(request, max, min + borrowing_limit)``; absent caps do not cap."""
-    out: RL = {}
-    cap_max = config.max
-    borrow = config.borrowing_limit
-    for key, value in request.items():
-        if cap_max is not None and key in cap_max and cap_max[key] < value:
-            value = cap_max[key]
-        if borrow is not None and key in borrow:
-            ceiling = config.min.get(key, 0) + borrow[key]
-            if ceiling < value:
-                value = ceiling
-        if value:
-            out[key] = value
-    return out
+from .terms import Terms, kept_local
 
 
 def recompute_node(node: QuotaNode, children: list[QuotaNode]) -> bool:
@@ -84,6 +27,9 @@ def recompute_node(node: QuotaNode, children: list[QuotaNode]) -> bool:
     subtree, local, usage, min) may have changed.
     """
     config = node.config
+    terms = node.terms
+    if terms is None or terms.config is not config:
+        terms = node.terms = Terms(config)
     if config.is_parent:
         request: RL = {}
         used: RL = {}
@@ -91,42 +37,46 @@ def recompute_node(node: QuotaNode, children: list[QuotaNode]) -> bool:
             add_into(request, child.limited_request)
             add_into(used, child.used)
     else:
-        request = masked(node.pod_request, config.max)
+        mask = terms.mask
+        if mask is None:
+            request = dict(node.pod_request)
+        else:
+            request = {key: value for key, value in node.pod_request.items() if key in mask}
         used = dict(node.pod_used)
-    for key, value in reserved(config).items():
+    for key, value in terms.reserved.items():
         if request.get(key, 0) < value:
             request[key] = value
-    limited_request = limited(config, request)
+    caps = terms.caps
+    limited_request: RL = {}
+    for key, value in request.items():
+        cap = caps.get(key)
+        if cap is not None and cap < value:
+            value = cap
+        if value:
+            limited_request[key] = value
 
-    own = dict(config.min)
-    usage: RL = {}
-    subtree: RL = {}
     if config.is_parent:
+        own = dict(config.min)
         for child in children:
             for key, value in child.config.min.items():
                 own[key] = own.get(key, 0) - value
-        own = {key: value for key, value in own.items() if value > 0}
-        subtree = dict(own)
+        subtree: RL = {key: value for key, value in own.items() if value > 0}
+        usage: RL = {}
         for child in children:
-            for key in child.subtree.keys() | child.local.keys():
-                contributed = child.subtree.get(key, 0) - child.local.get(key, 0)
+            child_local = child.local
+            for key in child.subtree.keys() | child_local.keys():
+                contributed = child.subtree.get(key, 0) - child_local.get(key, 0)
                 if contributed:
                     subtree[key] = subtree.get(key, 0) + contributed
-            for key in child.usage:
-                charged = child.usage[key] - child.local.get(key, 0)
+            for key, value in child.usage.items():
+                charged = value - child_local.get(key, 0)
                 if charged > 0:
                     usage[key] = usage.get(key, 0) + charged
+        local = kept_local(subtree, terms.lending)
     else:
-        subtree = {key: value for key, value in own.items() if value}
-        usage = dict(used)
-    local: RL = {}
-    limit = lending_limit(config)
-    if limit is not None:
-        for key, value in subtree.items():
-            if key in limit:
-                kept = value - limit.get(key, 0)
-                if kept > 0:
-                    local[key] = kept
+        subtree = terms.leaf_subtree
+        local = terms.leaf_local
+        usage = used
 
     changed = (
         limited_request != node.limited_request
@@ -136,7 +86,7 @@ def recompute_node(node: QuotaNode, children: list[QuotaNode]) -> bool:
         or usage != node.usage
         or request != node.request
     )
-    node.request = {k: v for k, v in request.items() if v}
+    node.request = request
     node.limited_request = limited_request
     node.used = used
     node.subtree = subtree

@@ -95,25 +95,54 @@ def water_fill(pool: int, borrowers: list[tuple[str, int, int, int]]) -> dict[st
     ``borrowers`` are ``(name, start, cap, weight)``: each starts at ``start``
     and may grow up to ``cap`` (its limited request). While ``pool > 0`` and a
     borrower below its cap has weight > 0, the pool is split by weight with
-    largest-remainder rounding; a borrower reaching its cap keeps the cap and
-    its excess becomes the next pool. Invariants: nobody ends above its cap,
-    and Σ(result − start) ≤ pool.
+    largest-remainder rounding (ties to the smaller name); a borrower reaching
+    its cap keeps the cap and its excess becomes the next pool. Invariants:
+    nobody ends above its cap, and Σ(result − start) ≤ pool.
     """
-    result = {name: start for name, start, _, _ in borrowers}
-    active = [(name, cap, weight) for name, start, cap, weight in borrowers if weight > 0]
-    active = [entry for entry in active if result[entry[0]] < entry[1]]
+    ordered = sorted(borrowers)
+    filled = water_fill_ordered(
+        pool,
+        [start for _, start, _, _ in ordered],
+        [cap for _, _, cap, _ in ordered],
+        [weight for _, _, _, weight in ordered],
+    )
+    return {entry[0]: value for entry, value in zip(ordered, filled, strict=True)}
+
+
+def water_fill_ordered(
+    pool: int, starts: list[int], caps: list[int], weights: list[int]
+) -> list[int]:
+    """:func:`water_fill` over parallel lists whose positions are in name
+    order, so the largest-remainder tie-break goes to the smaller position.
+    Returns each borrower's final amount (a new list)."""
+    result = list(starts)
+    active = [i for i, weight in enumerate(weights) if weight > 0 and result[i] < caps[i]]
     while pool > 0 and active:
-        shares = largest_remainder(pool, [(name, weight) for name, _, weight in active])
+        total_weight = 0
+        for i in active:
+            total_weight += weights[i]
+        given = 0
+        remainders: list[tuple[int, int]] = []
+        for i in active:
+            share, remainder = divmod(weights[i] * pool, total_weight)
+            result[i] += share
+            given += share
+            if remainder:
+                remainders.append((-remainder, i))
+        leftover = pool - given
+        if leftover:
+            remainders.sort()
+            for _, i in remainders[:leftover]:
+                result[i] += 1
         excess = 0
-        still: list[tuple[str, int, int]] = []
-        for name, cap, weight in active:
-            grown = result[name] + shares[name]
-            if grown >= cap:
-                excess += grown - cap
-                result[name] = cap
+        still: list[int] = []
+        for i in active:
+            over = result[i] - caps[i]
+            if over >= 0:
+                excess += over
+                result[i] = caps[i]
             else:
-                result[name] = grown
-                still.append((name, cap, weight))
+                still.append(i)
         pool = excess
         active = still
     return result

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .resources import RL, water_fill
+from .resources import RL, water_fill_ordered
 from .state import QuotaNode
 
 
@@ -29,39 +29,51 @@ def shared_weight(node: QuotaNode, key: str, shared: int) -> int:
 
 def distribute(
     total: Mapping[str, int], children: list[QuotaNode], min_scaling: bool
-) -> dict[str, tuple[RL, RL]]:
+) -> tuple[list[RL], list[RL]]:
     """Runtime and effective min of each child of one parent.
 
-    ``children`` must be sorted by name; returns name -> (runtime, effective_min).
+    ``children`` must be sorted by name (the water-fill's tie-break); returns
+    two lists aligned with them: runtimes and effective mins.
     """
-    runtime: dict[str, RL] = {child.config.name: {} for child in children}
-    effective: dict[str, RL] = {child.config.name: {} for child in children}
+    count = len(children)
+    runtime: list[RL] = [{} for _ in range(count)]
+    effective: list[RL] = [{} for _ in range(count)]
     keys: set[str] = set()
     for child in children:
         keys.update(child.limited_request)
-        keys.update(key for key, value in child.config.min.items() if value)
+        keys.update(child.config.min)
     for key in sorted(keys):
         amount = total.get(key, 0)
         mins = [child.config.min.get(key, 0) for child in children]
         min_sum = sum(mins)
+        if min_sum == 0 and not any(key in child.limited_request for child in children):
+            continue
         if min_scaling and amount < min_sum:
             mins = [amount * value // min_sum for value in mins]
-        borrowers: list[tuple[str, int, int, int]] = []
+        borrowers: list[int] = []
+        starts: list[int] = []
+        caps: list[int] = []
+        weights: list[int] = []
         pool = amount
-        for child, eff in zip(children, mins, strict=True):
-            name = child.config.name
+        for i in range(count):
+            eff = mins[i]
             if eff:
-                effective[name][key] = eff
-            want = child.limited_request.get(key, 0)
+                effective[i][key] = eff
+            want = children[i].limited_request.get(key, 0)
             if want > eff:
-                borrowers.append((name, eff, want, shared_weight(child, key, amount)))
+                borrowers.append(i)
+                starts.append(eff)
+                caps.append(want)
+                weights.append(shared_weight(children[i], key, amount))
                 pool -= eff
             else:
                 pool -= want
                 if want:
-                    runtime[name][key] = want
-        filled = water_fill(pool, borrowers) if pool > 0 else {b[0]: b[1] for b in borrowers}
-        for name, value in filled.items():
+                    runtime[i][key] = want
+        if not borrowers:
+            continue
+        filled = water_fill_ordered(pool, starts, caps, weights) if pool > 0 else starts
+        for i, value in zip(borrowers, filled, strict=True):
             if value:
-                runtime[name][key] = value
-    return {name: (runtime[name], effective[name]) for name in runtime}
+                runtime[i][key] = value
+    return runtime, effective

@@ -16,6 +16,7 @@ import msgspec
 from quotaledger.events.model import PodUpserted, QuotaUpserted
 
 from .resources import RL
+from .terms import Terms
 
 ROOT = "root"
 SYSTEM = "system"
@@ -74,6 +75,7 @@ class QuotaNode:
     sums_stale: bool = False
     connected: bool = True
     depth: int = 1
+    terms: Terms | None = None  # constants of ``config`` (rebuilt when it changes)
     # derived, bottom-up
     request: RL = field(default_factory=dict)
     limited_request: RL = field(default_factory=dict)
