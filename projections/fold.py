@@ -192,9 +192,9 @@ class Projection:
 
     def _pod_upserted(self, offset: int, ts: int, pod: PodUpserted) -> str | None:
         state = self.state
-        compact(pod)
         uid = pod.uid
         old = state.pods.get(uid)
+        compact(pod, old)
         state.pods[uid] = pod
         active = pod.phase in ACTIVE_PHASES
         if old is None:

@@ -111,7 +111,7 @@ def load(blob: bytes) -> ProjectedState:
     for name in state.quotas:
         refresh_connectivity(state, name)
     for pod in body.pods:
-        compact(pod)
+        compact(pod, None)
         state.pods[pod.uid] = pod
         if is_active(pod):
             attach_pod(state, pod)

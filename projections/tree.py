@@ -25,13 +25,33 @@ from .state import (
 )
 
 
-def compact(pod: PodUpserted) -> None:
+def compact(pod: PodUpserted, old: PodUpserted | None) -> None:
     """Shrink a pod to what the projection keeps (DESIGN §5; PERFORMANCE.md,
     memory): ``at`` is dropped (the record's ts is the time), namespace and
     node names are interned, a name equal to the uid is the uid, and equal
-    label maps are one shared map. Pods are facts the projection never
-    mutates otherwise, so sharing is safe."""
+    label maps are one shared map. A pod upserted again reuses the previous
+    version's equal values, so replacing it frees only what was just decoded.
+    Pods are facts the projection never mutates otherwise: sharing is safe."""
     pod.at = None
+    if old is not None:
+        pod.uid = old.uid
+        if pod.name == old.name:
+            pod.name = old.name
+        if pod.namespace == old.namespace:
+            pod.namespace = old.namespace
+        else:
+            pod.namespace = intern(pod.namespace)
+        if pod.node == old.node:
+            pod.node = old.node
+        elif pod.node is not None:
+            pod.node = intern(pod.node)
+        if pod.labels == old.labels:
+            pod.labels = old.labels
+        elif pod.labels:
+            pod.labels = _shared_labels(tuple(pod.labels.items()))
+        if pod.created_at is not None and pod.created_at == old.created_at:
+            pod.created_at = old.created_at
+        return
     pod.namespace = intern(pod.namespace)
     if pod.node is not None:
         pod.node = intern(pod.node)
