@@ -76,7 +76,11 @@ class Projection:
 
     def apply(self, offset: int, ts: int, event: Event) -> bool:
         """Apply a decoded event at ``offset``/``ts``; False when it was rejected."""
-        self._advance(offset, ts)
+        state = self.state
+        if offset != state.offset + 1 or ts > state.ts:
+            self._advance(offset, ts)
+        else:
+            state.offset = offset
         handler = self._handlers.get(type(event))
         if handler is None:
             reason: str | None = f"kind: unsupported event {kind_of(event)!r}"
@@ -85,7 +89,6 @@ class Projection:
         if reason is not None:
             self.reject(offset, kind_of(event), reason)
             return False
-        state = self.state
         if (
             (state.owing_held or state.starving_held)
             and type(event) in _FACTS

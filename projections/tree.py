@@ -17,6 +17,7 @@ from quotaledger.events.model import PodUpserted, QuotaUpserted
 from .resources import RL, add_into, sub_into
 from .state import (
     ACTIVE_PHASES,
+    BUILTIN,
     DEFAULT,
     ROOT,
     SYSTEM,
@@ -93,9 +94,10 @@ def quota_for(state: ProjectedState, pod: PodUpserted) -> str:
 
 
 def mark_dirty(state: ProjectedState, name: str) -> None:
-    """Ask ``settle`` to recompute this quota and its ancestors."""
+    """Ask ``settle`` to recompute this quota and its ancestors (a builtin
+    quota's used also changes the cluster total)."""
     state.dirty.add(name)
-    if name in (SYSTEM, DEFAULT):
+    if name in BUILTIN:
         state.total_dirty = True
 
 
@@ -186,8 +188,11 @@ def replace_pod(state: ProjectedState, old: PodUpserted, pod: PodUpserted) -> No
             if len(log) > len(node.pods) + 8:
                 log.clear()
                 node.sums_stale = True
-        mark_dirty(state, name)
-    was_pending = uid in state.pending_pods
+        state.dirty.add(name)
+        if name in BUILTIN:
+            state.total_dirty = True
+    # the pending index holds exactly the active Pending pods without a node
+    was_pending = old.phase == "Pending" and not was_bound
     pending = pod.phase == "Pending" and not bound
     if (was_pending or pending) and (was_pending != pending or not same):
         if was_pending:
