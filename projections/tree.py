@@ -235,7 +235,12 @@ def _unindex_pending(state: ProjectedState, name: str, uid: str, requests: RL) -
                 del amounts[bisect_left(amounts, value)]
                 if not buckets:
                     del state.pending_index[key], state.pending_amounts[key]
-    state.touched_pods.add(uid)
+    # a pod no longer pending needs a re-check only to stop its starvation clock;
+    # without one, forgetting it keeps ``touched_pods`` bounded between samples
+    if uid in state.starving_since:
+        state.touched_pods.add(uid)
+    else:
+        state.touched_pods.discard(uid)
 
 
 def _discard(index: dict[str, set[str]], key: str, uid: str) -> None:

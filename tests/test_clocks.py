@@ -206,3 +206,24 @@ def test_starvation_ends_when_free_capacity_grows_though_its_quota_is_unchanged(
     assert seen[5][0] == {"a1": 1000}  # sampled at the end of second 1
     assert seen[6][0] == {}  # free grew to 5 >= 3 at second 2
     assert seen[5][1] == seen[6][1] == {"cpu": 3}
+
+
+def test_pods_that_stop_pending_without_a_clock_are_not_kept_for_the_next_sample() -> None:
+    """A replay never samples, so ``touched_pods`` must not grow with every pod
+    that was ever pending: one that leaves the pending index with no starvation
+    clock needs no re-check."""
+    projection = Projection()
+    projection.apply(0, 0, LedgerOpened(ledger_id="t"))
+    offset = 0
+    for i in range(200):
+        for event in (
+            PodUpserted(uid=f"p{i}", name="p", namespace="a", requests={"cpu": 1}),
+            PodUpserted(
+                uid=f"p{i}", name="p", namespace="a", requests={"cpu": 1}, phase="Running", node="n"
+            ),
+            PodRemoved(uid=f"p{i}"),
+        ):
+            offset += 1
+            projection.apply(offset, offset, event)
+    assert projection.state.touched_pods == set()
+    assert projection.state.pending_pods == set()
