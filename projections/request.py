@@ -20,6 +20,14 @@ from .state import QuotaNode
 from .terms import Terms, kept_local
 
 
+def terms_for(node: QuotaNode) -> Terms:
+    """The node's :class:`Terms`, rebuilt when its configuration changed."""
+    terms = node.terms
+    if terms is None or terms.config is not node.config:
+        terms = node.terms = Terms(node.config)
+    return terms
+
+
 def recompute_node(node: QuotaNode, children: list[QuotaNode]) -> bool:
     """Refresh one quota's bottom-up numbers from its pods or children.
 
@@ -27,9 +35,7 @@ def recompute_node(node: QuotaNode, children: list[QuotaNode]) -> bool:
     subtree, local, usage, min) may have changed.
     """
     config = node.config
-    terms = node.terms
-    if terms is None or terms.config is not config:
-        terms = node.terms = Terms(config)
+    terms = terms_for(node)
     if config.is_parent:
         request: RL = {}
         used: RL = {}
@@ -64,8 +70,9 @@ def recompute_node(node: QuotaNode, children: list[QuotaNode]) -> bool:
         usage: RL = {}
         for child in children:
             child_local = child.local
-            for key in child.subtree.keys() | child_local.keys():
-                contributed = child.subtree.get(key, 0) - child_local.get(key, 0)
+            # local ⊆ subtree key-wise (local is computed from subtree's items)
+            for key, value in child.subtree.items():
+                contributed = value - child_local.get(key, 0)
                 if contributed:
                     subtree[key] = subtree.get(key, 0) + contributed
             for key, value in child.usage.items():

@@ -13,18 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from .request import terms_for
 from .resources import RL, water_fill_ordered
 from .state import QuotaNode
-
-
-def shared_weight(node: QuotaNode, key: str, shared: int) -> int:
-    """§8 rule 2: shared_weight, else max, else the amount being shared."""
-    config = node.config
-    if config.shared_weight is not None and key in config.shared_weight:
-        return config.shared_weight[key]
-    if config.max is not None and key in config.max:
-        return config.max[key]
-    return shared
 
 
 def distribute(
@@ -39,9 +30,11 @@ def distribute(
     runtime: list[RL] = [{} for _ in range(count)]
     effective: list[RL] = [{} for _ in range(count)]
     keys: set[str] = set()
+    weight_maps: list[RL] = []
     for child in children:
         keys.update(child.limited_request)
         keys.update(child.config.min)
+        weight_maps.append(terms_for(child).weights)
     for key in sorted(keys):
         amount = total.get(key, 0)
         mins = [child.config.min.get(key, 0) for child in children]
@@ -64,7 +57,7 @@ def distribute(
                 borrowers.append(i)
                 starts.append(eff)
                 caps.append(want)
-                weights.append(shared_weight(children[i], key, amount))
+                weights.append(weight_maps[i].get(key, amount))
                 pool -= eff
             else:
                 pool -= want

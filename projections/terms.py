@@ -58,10 +58,21 @@ class Terms:
     * ``caps``: per resource ``min(max, min + borrowing_limit)`` of those set —
       ``limited_request = min(request, caps)``;
     * ``lending``: the effective lending limit;
-    * ``leaf_subtree``/``leaf_local``: a leaf's KEP-79 subtree (its min) and local.
+    * ``leaf_subtree``/``leaf_local``: a leaf's KEP-79 subtree (its min) and local;
+    * ``weights``: the configured shared weight per resource — ``shared_weight``,
+      else ``max`` (§8 rule 2; a resource listed in neither takes the amount shared).
     """
 
-    __slots__ = ("caps", "config", "leaf_local", "leaf_subtree", "lending", "mask", "reserved")
+    __slots__ = (
+        "caps",
+        "config",
+        "leaf_local",
+        "leaf_subtree",
+        "lending",
+        "mask",
+        "reserved",
+        "weights",
+    )
 
     def __init__(self, config: QuotaUpserted) -> None:
         self.config = config
@@ -84,3 +95,7 @@ class Terms:
         self.caps = caps
         self.leaf_subtree: RL = {key: value for key, value in config.min.items() if value}
         self.leaf_local = kept_local(self.leaf_subtree, self.lending)
+        weights: RL = dict(config.max) if config.max is not None else {}
+        if config.shared_weight is not None:
+            weights.update(config.shared_weight)
+        self.weights = weights
