@@ -301,6 +301,20 @@ def put_quota(state: ProjectedState, config: QuotaUpserted) -> QuotaUpserted | N
     name = config.name
     node = state.quotas.get(name)
     previous = node.config if node is not None else None
+    if (
+        node is not None
+        and previous is not None
+        and previous.parent == config.parent
+        and previous.is_parent == config.is_parent
+        and previous.namespaces == config.namespaces
+    ):
+        # Same place in the tree and same claims: connectivity, depth and every
+        # pod's association (rule 7) stay as they are; only numbers move.
+        node.config = config
+        mark_dirty(state, name)
+        state.refill.add(name)
+        _mark_parent_refill(state, config.parent)
+        return previous
     if node is None:
         node = state.quotas[name] = QuotaNode(config=config)
     else:

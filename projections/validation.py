@@ -64,10 +64,21 @@ def check_upsert(state: ProjectedState, config: QuotaUpserted) -> str | None:
             if chain == name:
                 return f"parent: making {parent!r} the parent of {name!r} creates a cycle"
             chain = state.quotas[chain].config.parent
-        siblings = [state.quotas[child].config for child in state.children(parent) if child != name]
-        short = _uncovered(above.min, _sum_mins([*siblings, config]))
-        if short:
-            return f"min: parent {parent!r} min does not cover its children's mins ({short})"
+        current = state.quotas.get(name)
+        unchanged = (
+            current is not None
+            and current.config.parent == parent
+            and current.config.min == config.min
+        )
+        # An existing parent's min always covers its children's (checked on
+        # both sides), so a child keeping its parent and min cannot break it.
+        if not unchanged:
+            siblings = [
+                state.quotas[child].config for child in state.children(parent) if child != name
+            ]
+            short = _uncovered(above.min, _sum_mins([*siblings, config]))
+            if short:
+                return f"min: parent {parent!r} min does not cover its children's mins ({short})"
     children = [state.quotas[child].config for child in state.children(name)]
     if children:
         if not config.is_parent:
