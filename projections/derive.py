@@ -45,7 +45,8 @@ def settle(state: ProjectedState) -> None:
         node = quotas[name]
         if node.sum_log or node.sums_stale:
             flush_sums(state, node)
-        if recompute_node(node, _children(state, name)):
+        children = _children(state, name) if node.config.is_parent else []
+        if recompute_node(node, children):
             parent = node.config.parent
             if parent == ROOT:
                 root_changed = True
@@ -139,13 +140,15 @@ def _refill(state: ProjectedState) -> None:
 
 
 def recompute_all(state: ProjectedState) -> None:
-    """Recompute everything from the pod sums (snapshot restore, benchmarks)."""
-    for name, node in state.quotas.items():
-        node.request, node.limited_request, node.used = {}, {}, {}
-        node.subtree, node.local, node.usage = {}, {}, {}
-        node.runtime, node.effective_min = {}, {}
-        state.dirty.add(name)
-        state.refill.add(name)
+    """Recompute everything from the pod sums (snapshot restore, benchmarks).
+
+    Every quota is recomputed bottom-up and every parent (root included)
+    re-filled, which assigns each derived field of each connected quota; an
+    orphan's runtime and effective min are cleared by ``settle``, and
+    system/default never get one (DECISIONS 6). So nothing needs resetting first.
+    """
+    state.dirty.update(state.quotas)
+    state.refill.update(state.quotas)
     state.cluster_total = {}
     state.total_dirty = True
     state.refill.add(ROOT)
