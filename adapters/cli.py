@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import itertools
 import os
 import sys
@@ -699,7 +700,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Young-generation size before CPython's collector runs (default 700). The
+#: engine keeps 10^5-10^6 long-lived objects and creates little cyclic garbage
+#: (refcounting frees the rest), so frequent young collections only re-scan
+#: the same survivors: measured 12 % of the fold (docs/PERFORMANCE.md).
+GC_THRESHOLDS = (50_000, 20, 20)
+
+
+def tune_gc() -> None:
+    """Process-wide collector settings for a long-lived engine (see GC_THRESHOLDS)."""
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    tune_gc()
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "handler", None) is None:

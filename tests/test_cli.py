@@ -582,3 +582,20 @@ def test_ingest_strict_refuses_a_bad_file(
     assert ":3:" in err
     assert "$.requests.cpu" in err
     assert "Traceback" not in err
+
+
+def test_the_entry_point_sizes_the_collector_for_a_long_lived_engine(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import gc
+
+    from quotaledger.adapters import cli
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        assert cli.main([]) == 2  # no command: help, exit 2
+        assert gc.get_threshold() == cli.GC_THRESHOLDS
+    finally:
+        gc.set_threshold(*before)
+    assert "usage" in capsys.readouterr().out
