@@ -68,24 +68,37 @@ def largest_remainder(amount: int, weights: list[tuple[str, int]]) -> dict[str, 
     ties to the lexicographically smaller name (DESIGN §5 runtime step 3).
 
     Names with weight 0 get 0; if every weight is 0 nothing is handed out.
+    The result lists the names in the order given.
     """
-    total_weight = sum(weight for _, weight in weights)
-    shares = dict.fromkeys((name for name, _ in weights), 0)
+    ordered = sorted(weights)
+    shares = split_ordered(amount, [weight for _, weight in ordered])
+    by_name = {name: share for (name, _), share in zip(ordered, shares, strict=True)}
+    return {name: by_name[name] for name, _ in weights}
+
+
+def split_ordered(amount: int, weights: list[int]) -> list[int]:
+    """:func:`largest_remainder` over weights whose positions are in name
+    order: leftover units go to the largest remainders, ties to the smaller
+    position. Nothing is handed out when ``amount`` or every weight is 0."""
+    total_weight = 0
+    for weight in weights:
+        total_weight += weight
     if amount <= 0 or total_weight <= 0:
-        return shares
-    remainders: list[tuple[int, str]] = []
+        return [0] * len(weights)
+    shares: list[int] = []
+    remainders: list[tuple[int, int]] = []
     given = 0
-    for name, weight in weights:
-        quotient, remainder = divmod(weight * amount, total_weight)
-        shares[name] = quotient
-        given += quotient
-        if weight:
-            remainders.append((-remainder, name))
+    for i, weight in enumerate(weights):
+        share, remainder = divmod(weight * amount, total_weight)
+        shares.append(share)
+        given += share
+        if remainder:
+            remainders.append((-remainder, i))
     leftover = amount - given
     if leftover:
         remainders.sort()
-        for _, name in remainders[:leftover]:
-            shares[name] += 1
+        for _, i in remainders[:leftover]:
+            shares[i] += 1
     return shares
 
 
@@ -118,30 +131,16 @@ def water_fill_ordered(
     result = list(starts)
     active = [i for i, weight in enumerate(weights) if weight > 0 and result[i] < caps[i]]
     while pool > 0 and active:
-        total_weight = 0
-        for i in active:
-            total_weight += weights[i]
-        given = 0
-        remainders: list[tuple[int, int]] = []
-        for i in active:
-            share, remainder = divmod(weights[i] * pool, total_weight)
-            result[i] += share
-            given += share
-            if remainder:
-                remainders.append((-remainder, i))
-        leftover = pool - given
-        if leftover:
-            remainders.sort()
-            for _, i in remainders[:leftover]:
-                result[i] += 1
+        shares = split_ordered(pool, [weights[i] for i in active])
         excess = 0
         still: list[int] = []
-        for i in active:
-            over = result[i] - caps[i]
-            if over >= 0:
-                excess += over
+        for i, share in zip(active, shares, strict=True):
+            grown = result[i] + share
+            if grown >= caps[i]:
+                excess += grown - caps[i]
                 result[i] = caps[i]
             else:
+                result[i] = grown
                 still.append(i)
         pool = excess
         active = still

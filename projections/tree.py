@@ -36,30 +36,23 @@ def compact(pod: PodUpserted, old: PodUpserted | None) -> None:
     pod.at = None
     if old is not None:
         pod.uid = old.uid
-        if pod.name == old.name:
-            pod.name = old.name
-        if pod.namespace == old.namespace:
-            pod.namespace = old.namespace
-        else:
-            pod.namespace = intern(pod.namespace)
-        if pod.node == old.node:
-            pod.node = old.node
-        elif pod.node is not None:
-            pod.node = intern(pod.node)
-        if pod.labels == old.labels:
-            pod.labels = old.labels
-        elif pod.labels:
-            pod.labels = _shared_labels(tuple(pod.labels.items()))
         if pod.created_at is not None and pod.created_at == old.created_at:
             pod.created_at = old.created_at
-        return
-    pod.namespace = intern(pod.namespace)
-    if pod.node is not None:
-        pod.node = intern(pod.node)
     if pod.name == pod.uid:
         pod.name = pod.uid
+    elif old is not None and pod.name == old.name:
+        pod.name = old.name
+    if old is not None and pod.namespace == old.namespace:
+        pod.namespace = old.namespace
+    else:
+        pod.namespace = intern(pod.namespace)
+    if pod.node is not None:
+        pod.node = old.node if old is not None and pod.node == old.node else intern(pod.node)
     if pod.labels:
-        pod.labels = _shared_labels(tuple(pod.labels.items()))
+        if old is not None and pod.labels == old.labels:
+            pod.labels = old.labels
+        else:
+            pod.labels = _shared_labels(tuple(pod.labels.items()))
 
 
 @lru_cache(maxsize=4096)
