@@ -276,3 +276,32 @@ def test_count_rendering_is_the_plain_integer(amount: int) -> None:
 def test_memory_whole_binary_units_render_exactly(n: int, suffix: str) -> None:
     text = format_amount("memory", n * BINARY[suffix])
     assert canonical_amount("memory", text) == n * BINARY[suffix]
+
+
+_AMOUNTS = st.one_of(
+    st.integers(0, 10**6),
+    st.sampled_from([True, False, 1.0, 0.0, 2.0**70, 2**70, 1, 0, "1", "1.0", "500m", "1Gi"]),
+    st.floats(0, 1e6, allow_nan=False),
+    st.sampled_from(["2e3", "0.1", "-1", "x"]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.dictionaries(st.sampled_from(["cpu", "memory", "gpu"]), _AMOUNTS), max_size=6))
+def test_memoised_lists_equal_the_uncached_conversion(lists: list[dict[str, object]]) -> None:
+    """``canonical_list`` memoises whole lists of strings and integers and shares
+    the results; mixing in ``True`` (== 1), ``1.0`` and a float equal to a huge
+    integer in one process must never return another list's cached result."""
+    for raw in lists:
+        try:
+            expected: dict[str, int] | str = {
+                key: canonical_amount(key, value)  # type: ignore[arg-type]
+                for key, value in raw.items()
+            }
+        except QuantityError as exc:
+            expected = str(exc)
+        try:
+            got: dict[str, int] | str = canonical_list("requests", raw)  # type: ignore[arg-type]
+        except ValueError as exc:
+            got = str(exc).split(" - at ")[0]
+        assert got == expected
