@@ -54,18 +54,12 @@ def fold(
     """Apply records until the stop point; return how many were applied."""
     applied = 0
     apply_record = projection.apply_record
-    bounded = until.offset is not None or until.ts is not None
     for batch in batches:
-        if bounded:
-            for record in batch:
-                if until.reached(record):
-                    return applied
-                apply_record(record)
-                applied += 1
-        else:
-            for record in batch:
-                apply_record(record)
-                applied += 1
+        for record in batch:
+            if until.reached(record):
+                return applied
+            apply_record(record)
+            applied += 1
         if progress is not None:
             progress(applied)
     return applied

@@ -27,7 +27,6 @@ def namespace_usage(state: ProjectedState, node: QuotaNode) -> dict[str, Namespa
         add_into(entry.request, pod.requests)
         if pod.node is not None:
             add_into(entry.used, pod.requests)
-        entry.pods += 1
     return dict(sorted(usage.items()))
 
 

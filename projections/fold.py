@@ -76,11 +76,7 @@ class Projection:
 
     def apply(self, offset: int, ts: int, event: Event) -> bool:
         """Apply a decoded event at ``offset``/``ts``; False when it was rejected."""
-        state = self.state
-        if offset != state.offset + 1 or ts > state.ts:
-            self._advance(offset, ts)
-        else:
-            state.offset = offset
+        self._advance(offset, ts)
         handler = self._handlers.get(type(event))
         if handler is None:
             reason: str | None = f"kind: unsupported event {kind_of(event)!r}"
@@ -89,14 +85,8 @@ class Projection:
         if reason is not None:
             self.reject(offset, kind_of(event), reason)
             return False
-        if (
-            (state.owing_held or state.starving_held)
-            and type(event) in _FACTS
-            and not self._answers_eviction(event)
-        ):
-            release_holds(state)
-        elif type(event) is PodRemoved and state.evicted_pods:
-            state.evicted_pods.pop(event.uid, None)
+        if type(event) in _FACTS and not self._answers_eviction(event):
+            release_holds(self.state)
         return True
 
     def _answers_eviction(self, event: Event) -> bool:
@@ -153,8 +143,7 @@ class Projection:
         if old is not None:
             if old.phase in ACTIVE_PHASES:
                 detach_pod(state, old)
-            if event.uid in state.evicting_pods:
-                guard.on_pod_gone(state, event.uid)
+            guard.on_pod_gone(state, event.uid)
         return None
 
     def _node_upserted(self, offset: int, ts: int, event: NodeUpserted) -> str | None:
@@ -213,7 +202,7 @@ class Projection:
                     attach_pod(state, pod)
         elif active:
             attach_pod(state, pod)
-        if pod.phase != "Running" and uid in state.evicting_pods:
+        if pod.phase != "Running":
             guard.on_pod_gone(state, uid)
         return None
 

@@ -33,14 +33,12 @@ def distribute(
     weight_maps: list[RL] = []
     for child in children:
         keys.update(child.limited_request)
-        keys.update(child.config.min)
+        keys.update(key for key, value in child.config.min.items() if value)
         weight_maps.append(terms_for(child).weights)
     for key in sorted(keys):
         amount = total.get(key, 0)
         mins = [child.config.min.get(key, 0) for child in children]
         min_sum = sum(mins)
-        if min_sum == 0 and not any(key in child.limited_request for child in children):
-            continue
         if min_scaling and amount < min_sum:
             mins = [amount * value // min_sum for value in mins]
         borrowers: list[int] = []

@@ -51,7 +51,6 @@ class NamespaceUsage(msgspec.Struct):
 
     request: RL = msgspec.field(default_factory=dict)
     used: RL = msgspec.field(default_factory=dict)
-    pods: int = 0
 
 
 @dataclass(slots=True, eq=False)

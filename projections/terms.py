@@ -1,9 +1,10 @@
 """What a quota's configuration alone determines (DESIGN §5 "Request and used",
 "Available"), computed once per configuration instead of at every recompute.
 
-A :class:`Terms` belongs to one ``QuotaUpserted`` object; :func:`terms_of`
-rebuilds it when the node's configuration object changes (configurations are
-immutable facts, so identity is enough).
+A :class:`Terms` belongs to one ``QuotaUpserted`` object;
+:func:`quotaledger.projections.request.terms_for` rebuilds it when the node's
+configuration object changes (configurations are immutable facts, so identity
+is enough).
 """
 
 from __future__ import annotations
@@ -78,14 +79,7 @@ class Terms:
         self.config = config
         self.mask: Mapping[str, int] | None = config.max
         self.lending = lending_limit(config)
-        reserved: RL = {}
-        if self.lending is not None:
-            for key, value in config.min.items():
-                if key in self.lending:
-                    kept = value - self.lending.get(key, 0)
-                    if kept > 0:
-                        reserved[key] = kept
-        self.reserved = reserved
+        self.reserved = kept_local(config.min, self.lending)
         caps: RL = dict(config.max) if config.max is not None else {}
         if config.borrowing_limit is not None:
             for key, borrow in config.borrowing_limit.items():

@@ -181,9 +181,7 @@ def replace_pod(state: ProjectedState, old: PodUpserted, pod: PodUpserted) -> No
             if len(log) > len(node.pods) + 8:
                 log.clear()
                 node.sums_stale = True
-        state.dirty.add(name)
-        if name in BUILTIN:
-            state.total_dirty = True
+        mark_dirty(state, name)
     # the pending index holds exactly the active Pending pods without a node
     was_pending = old.phase == "Pending" and not was_bound
     pending = pod.phase == "Pending" and not bound
@@ -296,10 +294,9 @@ def put_quota(state: ProjectedState, config: QuotaUpserted) -> QuotaUpserted | N
     previous = node.config if node is not None else None
     if (
         node is not None
-        and previous is not None
-        and previous.parent == config.parent
-        and previous.is_parent == config.is_parent
-        and previous.namespaces == config.namespaces
+        and node.config.parent == config.parent
+        and node.config.is_parent == config.is_parent
+        and node.config.namespaces == config.namespaces
     ):
         # Same place in the tree and same claims: connectivity, depth and every
         # pod's association (rule 7) stay as they are; only numbers move.
