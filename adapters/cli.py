@@ -468,6 +468,7 @@ examples:
   quotaledger audit sim.db                                # explain and re-derive decisions
   quotaledger whatif sim.db --at 7 --change c.jsonl       # evictions a change would cause
   quotaledger bench fold --json
+  quotaledger import queues.yaml --out quotas.jsonl      # other schedulers' quotas -> facts
 """
 
 
@@ -697,6 +698,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--seed", type=int, default=1)
     bench.set_defaults(handler=cmd_bench)
+
+    from .importers.command import add_parser as add_import_parser
+
+    add_import_parser(commands)
     return parser
 
 
