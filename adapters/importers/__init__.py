@@ -47,7 +47,7 @@ def choose_peer(documents: Sequence[SourceDocument]) -> str | None:
     """The one peer of the documents, None when no document belongs to any, or
     :class:`MixedPeers` naming the first document of each peer."""
     first: dict[str, str] = {}
-    for document in documents:
+    for document in unpack_lists(documents):
         peer = detect(document.body)
         if peer is not None and peer not in first:
             first[peer] = document.origin
