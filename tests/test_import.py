@@ -155,6 +155,7 @@ def test_kueue_cluster_queue_docs_borrowing_limit(capsys: pytest.CaptureFixture[
 
 def test_kueue_flavors_are_summed_and_warned(capsys: pytest.CaptureFixture[str]) -> None:
     code, facts, err = run(capsys, str(DATA / "kueue" / "concurrent-admission-setup.yaml"))
+    assert code == 0, err
     queue = quotas(facts)["team-cluster-queue"]
     assert queue["min"] == {"cpu": "28000m", "memory": (16 + 32 + 64) * 2**30}
     assert queue["namespaces"] == ["default"]
@@ -166,6 +167,7 @@ def test_yunikorn_preemption_example_lifts_silently_and_warns_properties(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     code, facts, err = run(capsys, str(DATA / "yunikorn" / "preemption-configmap.yaml"))
+    assert code == 0, err
     found = quotas(facts)
     # tenants and sandbox set no guaranteed: the children's sum is implied, silently.
     assert found["sandbox.tenants"]["min"] == {"cpu": "600m", "memory": 600 * 2**20}
@@ -182,6 +184,7 @@ def test_yunikorn_top_level_system_is_renamed_to_its_path(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     code, facts, err = run(capsys, str(DATA / "yunikorn" / "priority-configmap.yaml"))
+    assert code == 0, err
     found = quotas(facts)
     assert found["root.system"]["is_parent"] is True
     assert found["system.high-priority"]["parent"] == "root.system"
@@ -191,6 +194,7 @@ def test_yunikorn_top_level_system_is_renamed_to_its_path(
 def test_yunikorn_pre_1_0_file_is_read_with_1_0_rules(capsys: pytest.CaptureFixture[str]) -> None:
     # IMPORT.md §5: k8shim's namespace example's `memory: 500000` is 500 kB.
     code, facts, err = run(capsys, str(DATA / "yunikorn" / "namespace-queues.yaml"))
+    assert code == 0, err
     found = quotas(facts)
     assert found["development"]["min"] == {"cpu": "50000000m", "memory": 500000}
     assert found["default"]["parent"] == "root"
@@ -201,6 +205,7 @@ def test_volcano_dra_guarantee_outside_resource_is_warned(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     code, facts, err = run(capsys, str(DATA / "volcano" / "dra-quota.yaml"))
+    assert code == 0, err
     gpu = quotas(facts)["gpu-team"]
     assert gpu["min"] == {"deviceclass/gpu.nvidia.com": 4}
     assert gpu["lending_limit"] is None
@@ -210,6 +215,7 @@ def test_volcano_dra_guarantee_outside_resource_is_warned(
 
 def test_koordinator_proposal_example_value_types(capsys: pytest.CaptureFixture[str]) -> None:
     code, facts, err = run(capsys, str(DATA / "koordinator" / "proposal-multi-hierarchy.yaml"))
+    assert code == 0, err
     assert equivalent(
         facts,
         [
@@ -228,6 +234,7 @@ def test_koordinator_proposal_example_value_types(capsys: pytest.CaptureFixture[
 
 def test_koordinator_multi_tree_root(capsys: pytest.CaptureFixture[str]) -> None:
     code, facts, err = run(capsys, str(DATA / "koordinator" / "multi-tree-quota.yaml"))
+    assert code == 0, err
     tree = quotas(facts)["cn-hangzhou-k-amd64-root-quota"]
     assert tree["parent"] == "root" and tree["allow_lent"] is False
     assert tree["borrowing_limit"] == {"cpu": "0m", "memory": 0}
@@ -383,6 +390,7 @@ def test_import_md_yunikorn_quantities(capsys: pytest.CaptureFixture[str], tmp_p
         """,
     )
     code, facts, err = run(capsys, path)
+    assert code == 0, err
     a = quotas(facts)["a"]
     assert a["min"] == {"cpu": "10000m", "memory": 500_000_000_000, "nvidia.com/gpu": 2000}
     # max lacks the gpu that min guarantees: capped at the guarantee (IMPORT.md §1 fix 2)
@@ -433,6 +441,7 @@ def test_yunikorn_delay_is_inherited_and_fixed_where_max_does_not_exceed_min(
         """,
     )
     code, facts, err = run(capsys, path)
+    assert code == 0, err
     found = quotas(facts)
     assert found["a"]["preemption_delay_s"] == 900
     assert found["b"]["preemption_delay_s"] == 0
@@ -459,6 +468,7 @@ def test_yunikorn_wraps_queues_without_root_and_picks_default_partition(
         """,
     )
     code, facts, err = run(capsys, path)
+    assert code == 0, err
     assert [f.get("name") for f in facts] == [None, "root.default", "team", "team.dev"]
     assert facts[0] == {"kind": "SettingsChanged", "reclaim_enabled": False}
     keys = warning_keys(err)
@@ -837,6 +847,7 @@ def test_yaml_1_1_words_stay_text(capsys: pytest.CaptureFixture[str], tmp_path: 
         """,
     )
     code, facts, err = run(capsys, path)
+    assert code == 0, err
     assert facts[0]["name"] == "on"
     assert facts[0]["allow_lent"] is True  # "no" is not "false"
     assert facts[0]["min"] == {}  # 1_000 is no quantity in YAML 1.2 nor Kubernetes
