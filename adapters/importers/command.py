@@ -16,7 +16,6 @@ from pathlib import Path
 
 from . import PEERS, MixedPeers, choose_peer, translate
 from .common import SourceDocument
-from .documents import UnreadableInput, read_documents
 
 DESCRIPTION = """\
 Translate another scheduler's quota configuration into quotaledger facts (JSONL):
@@ -63,6 +62,8 @@ def _error(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .documents import UnreadableInput, read_documents  # PyYAML only for this command
+
     documents: list[SourceDocument] = []
     try:
         for name in args.files:

@@ -32,7 +32,6 @@ from .common import (
     text,
     warn_unknown_fields,
 )
-from .yaml_text import UnreadableInput, parse_text
 
 RENAME = {"vcore": "cpu"}
 QUEUE_WARNED = ("submitacl", "adminacl", "maxapplications", "limits", "childtemplate")
@@ -213,6 +212,8 @@ def _configs(
     documents: Sequence[SourceDocument], warnings: Warnings, rejected: Warnings
 ) -> list[tuple[str, dict[str, Any]]]:
     """(origin, queues.yaml content) of every document; other kinds are skipped."""
+    from .yaml_text import UnreadableInput, parse_text  # PyYAML only when a ConfigMap needs it
+
     configs: list[tuple[str, dict[str, Any]]] = []
     for document in documents:
         body = document.body
