@@ -918,3 +918,155 @@ def test_every_imported_fact_is_valid(objects: list[dict[str, Any]]) -> None:
     for offset, fact in enumerate(result.facts, start=1):
         assert projection.apply(offset, 0, decode_event(json.dumps(fact)))
     assert projection.state.rejected == []
+
+
+def _fold_accepts(facts: list[dict[str, Any]]) -> None:
+    """Every fact decodes and DESIGN §5 validation accepts it; parents come first."""
+    projection = Projection()
+    projection.apply(0, 0, LedgerOpened(ledger_id="t"))
+    emitted = {"root"}
+    names = {f["name"] for f in facts if f["kind"] == "QuotaUpserted"}
+    for offset, fact in enumerate(facts, start=1):
+        assert projection.apply(offset, 0, decode_event(json.dumps(fact))), (
+            fact,
+            projection.state.rejected,
+        )
+        if fact["kind"] == "QuotaUpserted":
+            assert fact["parent"] in emitted or fact["parent"] not in names
+            emitted.add(fact["name"])
+    assert projection.state.rejected == []
+
+
+amounts = st.integers(0, 6)
+
+
+@st.composite
+def volcano_queues(draw: st.DrawFn) -> list[dict[str, Any]]:
+    chosen = draw(st.lists(st.sampled_from(["a", "b", "c", "d", "e", "default"]), unique=True))
+    objects: list[dict[str, Any]] = []
+    if draw(st.booleans()):
+        capability = {"cpu": draw(amounts), "memory": f"{draw(amounts)}Gi"}
+        objects.append(
+            {
+                "apiVersion": "scheduling.volcano.sh/v1beta1",
+                "kind": "Queue",
+                "metadata": {"name": "root"},
+                "spec": {"capability": capability},
+            }
+        )
+    for index, name in enumerate(chosen):
+        spec: dict[str, Any] = {
+            "parent": draw(st.sampled_from(["", "root", "gone", *chosen[:index]])),
+            "deserved": {"cpu": draw(amounts), "nvidia.com/gpu": draw(amounts)},
+        }
+        if draw(st.booleans()):
+            spec["guarantee"] = {"resource": {"cpu": draw(amounts), "memory": f"{draw(amounts)}Gi"}}
+        if draw(st.booleans()):
+            spec["capability"] = {"cpu": draw(st.integers(-1, 8)), "nvidia.com/gpu": draw(amounts)}
+        objects.append(
+            {
+                "apiVersion": "scheduling.volcano.sh/v1beta1",
+                "kind": "Queue",
+                "metadata": {"name": name},
+                "spec": spec,
+            }
+        )
+    return objects
+
+
+@given(volcano_queues())
+@settings(max_examples=60, deadline=None)
+def test_volcano_imports_are_valid(objects: list[dict[str, Any]]) -> None:
+    result = translate("volcano", [SourceDocument("doc", o) for o in objects])
+    assert not result.rejected
+    _fold_accepts(result.facts)
+
+
+@st.composite
+def yunikorn_queue(draw: st.DrawFn, depth: int) -> dict[str, Any]:
+    queue: dict[str, Any] = {"name": draw(st.sampled_from(["a", "B", "b", "default", "system"]))}
+    resources: dict[str, Any] = {}
+    if draw(st.booleans()):
+        resources["guaranteed"] = {"vcore": f"{draw(amounts)}00m", "memory": f"{draw(amounts)}M"}
+    if draw(st.booleans()):
+        resources["max"] = {"vcore": draw(amounts), "nvidia.com/gpu": draw(amounts)}
+    if resources:
+        queue["resources"] = resources
+    delay = draw(st.sampled_from([None, "0", "30s", "1h", "bad", "-1s"]))
+    if delay is not None:
+        queue["properties"] = {"quota.preemption.delay": delay}
+    if depth > 0 and draw(st.booleans()):
+        queue["queues"] = draw(st.lists(yunikorn_queue(depth - 1), max_size=3))
+    elif draw(st.booleans()):
+        queue["parent"] = True
+    return queue
+
+
+@given(st.lists(yunikorn_queue(2), max_size=4), st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_yunikorn_imports_are_valid(queues: list[dict[str, Any]], wrap: bool) -> None:
+    tops = [{"name": "root", "queues": queues}] if wrap else queues
+    config = {"partitions": [{"name": "default", "queues": tops}]}
+    result = translate("yunikorn", [SourceDocument("doc", config)])
+    assert not result.rejected
+    _fold_accepts(result.facts)
+
+
+@st.composite
+def kueue_objects(draw: st.DrawFn) -> list[dict[str, Any]]:
+    def groups() -> list[dict[str, Any]]:
+        resources = []
+        for flavor in draw(st.lists(st.sampled_from(["f1", "f2"]), unique=True, max_size=2)):
+            entries = []
+            for resource in draw(st.lists(st.sampled_from(["cpu", "memory", "gpu"]), unique=True)):
+                entry: dict[str, Any] = {"name": resource, "nominalQuota": draw(amounts)}
+                for limit in ("borrowingLimit", "lendingLimit"):
+                    if draw(st.booleans()):
+                        entry[limit] = draw(amounts)
+                entries.append(entry)
+            resources.append({"name": flavor, "resources": entries})
+        return [{"coveredResources": ["cpu", "memory", "gpu"], "flavors": resources}]
+
+    objects: list[dict[str, Any]] = []
+    cohorts = draw(st.lists(st.sampled_from(["c1", "c2", "c3", "q1", "root"]), unique=True))
+    for index, name in enumerate(cohorts):
+        parent = draw(st.sampled_from(["", "implicit", *cohorts[:index]]))
+        objects.append(
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta1",
+                "kind": "Cohort",
+                "metadata": {"name": name},
+                "spec": {"parent": parent, "resourceGroups": groups()},
+            }
+        )
+    for name in draw(st.lists(st.sampled_from(["q1", "q2", "default", "system"]), unique=True)):
+        cohort = draw(st.sampled_from(["", "implicit", *cohorts]))
+        objects.append(
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta1",
+                "kind": "ClusterQueue",
+                "metadata": {"name": name},
+                "spec": {"cohort": cohort, "resourceGroups": groups()},
+            }
+        )
+        for namespace in draw(st.lists(st.sampled_from(["n1", "n2"]), max_size=2)):
+            objects.append(
+                {
+                    "apiVersion": "kueue.x-k8s.io/v1beta1",
+                    "kind": "LocalQueue",
+                    "metadata": {"name": f"lq-{name}", "namespace": namespace},
+                    "spec": {"clusterQueue": name},
+                }
+            )
+    return objects
+
+
+@given(kueue_objects(), st.randoms(use_true_random=False))
+@settings(max_examples=60, deadline=None)
+def test_kueue_imports_are_valid_and_order_free(objects: list[dict[str, Any]], rnd: Any) -> None:
+    documents = [SourceDocument("doc", o) for o in objects]
+    result = translate("kueue", documents)
+    assert not result.rejected
+    _fold_accepts(result.facts)
+    rnd.shuffle(documents)
+    assert translate("kueue", documents).facts == result.facts

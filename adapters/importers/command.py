@@ -14,8 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import PEERS, MixedPeers, choose_peer, translate
-from .common import SourceDocument
+from . import PEERS, MixedPeers, choose_peer, translate, unpack_lists
+from .common import SourceDocument, name_or_unknown
 
 DESCRIPTION = """\
 Translate another scheduler's quota configuration into quotaledger facts (JSONL):
@@ -77,13 +77,17 @@ def run(args: argparse.Namespace) -> int:
         except MixedPeers as exc:
             return _error(f"{exc}; choose one with --from")
     if peer is None:
-        for document in documents:
-            if document.body is not None:
+        for document in unpack_lists(documents):
+            body = document.body
+            if isinstance(body, dict):
+                subject = f"{body.get('kind')}/{name_or_unknown(body)}"
                 print(
-                    f"warning: skipped-kind: {document.origin}: no Koordinator, Kueue, Volcano"
-                    " or YuniKorn object",
+                    f"warning: skipped-kind: {subject}: {document.origin}: not a Koordinator,"
+                    " Kueue, Volcano or YuniKorn object",
                     file=sys.stderr,
                 )
+            elif body is not None:
+                print(f"warning: invalid: {document.origin}: not a map; ignored", file=sys.stderr)
         result_lines: list[str] = []
         fatal: list[str] = []
         warnings: list[str] = []

@@ -52,7 +52,9 @@ FLAVOR_PLACEMENT = ("nodeLabels", "nodeTaints", "tolerations", "topologyName")
 
 
 def is_kueue(body: dict[str, Any]) -> bool:
-    return api_group(body) == GROUP
+    """``kueue.x-k8s.io`` and its sub-groups (``config.kueue.x-k8s.io`` Configuration...)."""
+    group = api_group(body)
+    return group is not None and (group == GROUP or group.endswith("." + GROUP))
 
 
 @dataclass
@@ -187,7 +189,7 @@ def translate(documents: Sequence[SourceDocument]) -> Translation:
         body = document.body
         kind = body.get("kind")
         subject = f"{kind}/{name_or_unknown(body)}"
-        if not is_kueue(body) or kind not in (
+        if api_group(body) != GROUP or kind not in (
             "ClusterQueue",
             "Cohort",
             "LocalQueue",
