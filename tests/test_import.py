@@ -1070,3 +1070,65 @@ def test_kueue_imports_are_valid_and_order_free(objects: list[dict[str, Any]], r
     _fold_accepts(result.facts)
     rnd.shuffle(documents)
     assert translate("kueue", documents).facts == result.facts
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (  # a Kueue cohort cycle
+            "apiVersion: kueue.x-k8s.io/v1beta1\nkind: Cohort\nmetadata: {name: a}\n"
+            "spec: {parent: b}\n---\n"
+            "apiVersion: kueue.x-k8s.io/v1beta1\nkind: Cohort\nmetadata: {name: b}\n"
+            "spec: {parentName: a}\n",
+            "cycle: Cohort/a",
+        ),
+        (  # a Koordinator self-parent
+            "kind: ElasticQuota\nmetadata:\n  name: a\n"
+            "  labels: {quota.scheduling.koordinator.sh/parent: a}\n",
+            "cycle: ElasticQuota/a",
+        ),
+        (  # a YuniKorn ConfigMap whose queues.yaml is broken
+            "kind: ConfigMap\napiVersion: v1\nmetadata: {name: yunikorn-configs}\n"
+            "data:\n  queues.yaml: |\n    partitions: [\n",
+            "data[queues.yaml]: document 1: invalid YAML",
+        ),
+        (  # a self-referencing alias
+            "partitions:\n- name: default\n  queues:\n  - &q {name: a, queues: [*q]}\n",
+            "nested more than 64 levels",
+        ),
+    ],
+)
+def test_fatal_input_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str, message: str
+) -> None:
+    code = main(["import", write(tmp_path, content)])
+    out, err = capsys.readouterr()
+    assert message in err, err
+    assert "Traceback" not in err
+    if "nested" not in message:  # a too-deep partition is one unusable object, not fatal
+        assert code == 2 and out == ""
+
+
+def test_kueue_default_cluster_queue_and_no_peer_files(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = write(
+        tmp_path,
+        """\
+        apiVersion: kueue.x-k8s.io/v1beta2
+        kind: ClusterQueue
+        metadata: {name: default}
+        spec:
+          resourceGroups:
+          - coveredResources: [cpu]
+            flavors: [{name: f, resources: [{name: cpu, nominalQuota: 1}]}]
+        """,
+    )
+    code, facts, err = run(capsys, path)
+    assert code == 0
+    assert facts[0]["name"] == "default" and facts[0]["allow_lent"] is False
+    assert warning_keys(err) == {("default-queue", "ClusterQueue/default")}
+    pod = write(tmp_path, "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n", "pod.yaml")
+    code, facts, err = run(capsys, pod)
+    assert code == 0 and facts == []
+    assert warning_keys(err) == {("skipped-kind", "Pod/p")}

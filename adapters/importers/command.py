@@ -92,7 +92,10 @@ def run(args: argparse.Namespace) -> int:
         fatal: list[str] = []
         warnings: list[str] = []
     else:
-        result = translate(peer, documents)
+        try:
+            result = translate(peer, documents)
+        except RecursionError:
+            return _error("the input nests too deeply (a self-referencing YAML alias?)")
         fatal = [item.line() for item in result.rejected if item.key in ("cycle", "unreadable")]
         warnings = [item.line() for item in result.warnings + result.rejected]
         result_lines = [json.dumps(fact, ensure_ascii=False) for fact in result.facts]

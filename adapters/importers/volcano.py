@@ -91,8 +91,16 @@ def _warn_spec(spec: dict[str, Any], subject: str, warnings: Warnings) -> None:
             )
         else:
             reason = "has no equivalent; not imported"
-        warnings.add(key, subject, f"spec.{key}={json.dumps(spec[key], sort_keys=True)}: {reason}")
+        warnings.add(key, subject, f"spec.{key}={_shown(spec[key])}: {reason}")
     warn_unknown_fields(spec, (*SPEC_READ, *SPEC_WARNED), "spec", subject, warnings)
+
+
+def _shown(value: Any) -> str:
+    """A field's value for a warning (JSON; a self-referencing YAML alias is not)."""
+    try:
+        return json.dumps(value, sort_keys=True)
+    except (TypeError, ValueError, RecursionError):
+        return f"<{type(value).__name__}>"
 
 
 def _annotations(metadata: dict[str, Any], subject: str, warnings: Warnings) -> None:

@@ -39,6 +39,8 @@ QUEUE_READ = ("name", "parent", "resources", "properties", "queues")
 PARTITION_WARNED = ("placementrules", "limits", "nodesortpolicy", "usergroupresolver")
 PARTITION_READ = ("name", "queues", "preemption")
 DELAY = "quota.preemption.delay"
+#: Deeper trees are refused (a self-referencing YAML alias would never end).
+MAX_DEPTH = 64
 _UNITS = {
     "ns": Fraction(1, 10**9),
     "us": Fraction(1, 10**6),
@@ -93,6 +95,8 @@ class _Reader:
         """Read the queue at ``path`` (``root`` or ``root.a``); ``parent`` is the parent's
         quotaledger name (None for root) and ``delay`` the inherited delay."""
         subject = f"queue/{path}"
+        if path.count(".") > MAX_DEPTH:
+            raise Invalid(subject, f"queues nested more than {MAX_DEPTH} levels deep")
         spec = mapping(raw, subject, optional=False)
         for key in QUEUE_WARNED:
             if spec.get(key) not in (None, "", [], {}, 0):
