@@ -906,6 +906,20 @@ def test_order_and_determinism(objects: list[dict[str, Any]], rnd: Any) -> None:
     for group in siblings.values():
         assert group == sorted(group)
     assert sorted(emitted) == sorted(o["metadata"]["name"] for o in objects)
+    # Depth-first pre-order: each quota hangs under the previous one or one of its ancestors.
+    parent_of = {f["name"]: f["parent"] for f in first.facts}
+    previous: str | None = None
+    for fact in first.facts:
+        chain, node = {"root"}, previous
+        while node is not None and node not in chain:
+            chain.add(node)
+            node = parent_of.get(node)
+        assert fact["parent"] in chain or fact["parent"] not in parent_of
+        previous = fact["name"]
+    # Subtrees connected to root first, then orphan subtrees by (missing parent, name).
+    tops = [(f["parent"], f["name"]) for f in first.facts if f["parent"] not in parent_of]
+    connected = [top for top in tops if top[0] == "root"]
+    assert tops == connected + sorted(top for top in tops if top[0] != "root")
 
 
 @given(koordinator_trees())
