@@ -5,6 +5,14 @@ a YAML file or a Kubernetes list/watch gives them) and returns the facts in
 order plus warnings and rejections, so ``quotaledger import`` and the live quota
 sources of DESIGN §12 share one code path. Reading files is
 :mod:`quotaledger.adapters.importers.documents`.
+
+For a live source: keep the current objects of the peer's kinds, call
+``translate(peer, [SourceDocument(origin, obj) ...])`` after each change, decode each
+fact with :func:`quotaledger.events.codec.decode_event`, append the ones that differ
+from the last appended for that name, and a ``QuotaRemoved`` for every name that is no
+longer emitted. The result does not depend on the order of the objects; an unusable
+object is in ``rejected`` (never an exception), and ``Translation.cycle`` lists quotas
+left out because their parents form a cycle.
 """
 
 from __future__ import annotations
