@@ -1146,3 +1146,128 @@ def test_kueue_default_cluster_queue_and_no_peer_files(
     code, facts, err = run(capsys, pod)
     assert code == 0 and facts == []
     assert warning_keys(err) == {("skipped-kind", "Pod/p")}
+
+
+#: The warnings each real file gives, (key, subject): reviewed against IMPORT.md by hand.
+REAL_FILE_WARNINGS: dict[str, set[tuple[str, str]]] = {
+    "koordinator/multi-tree-quota.yaml": {
+        ("skipped-kind", "ElasticQuotaProfile/cn-hangzhou-k-amd64-standard"),
+        ("multi-tree", "ElasticQuota/cn-hangzhou-k-amd64-root-quota"),
+    },
+    "koordinator/networktopology-quota.yaml": set(),
+    "koordinator/proposal-multi-hierarchy.yaml": {
+        ("value-type", "ElasticQuota/test"),
+        ("unknown-key", "ElasticQuota/test"),
+    },
+    "kueue/admission-fair-sharing-setup.yaml": {
+        ("queueingStrategy", "ClusterQueue/cluster-queue"),
+        ("admissionScope", "ClusterQueue/cluster-queue"),
+        ("fairSharing", "LocalQueue/lq-a"),
+        ("fairSharing", "LocalQueue/lq-b"),
+    },
+    "kueue/cohort-borrowing-limit.yaml": {
+        ("implicit-cohort", "Cohort/team-ab"),
+    },
+    "kueue/cohort-lending-limit.yaml": {
+        ("implicit-cohort", "Cohort/team-ab"),
+    },
+    "kueue/cohort-shared-quota.yaml": set(),
+    "kueue/cohort-tree.yaml": {
+        ("fairSharing", "Cohort/important-org"),
+        ("fairSharing", "Cohort/regular-org"),
+    },
+    "kueue/concurrent-admission-setup.yaml": {
+        ("concurrentAdmissionPolicy", "ClusterQueue/team-cluster-queue"),
+        ("flavor", "ClusterQueue/team-cluster-queue"),
+    },
+    "kueue/resource-flavor-taints.yaml": {
+        ("flavor", "ResourceFlavor/spot"),
+    },
+    "kueue/shared-quota-setup.yaml": {
+        ("flavor", "ResourceFlavor/on-demand"),
+        ("flavor", "ResourceFlavor/spot"),
+        ("flavor", "ClusterQueue/team-cluster-queue"),
+    },
+    "kueue/single-clusterqueue-setup.yaml": set(),
+    "volcano/benchmark-queue.yaml": {
+        ("reclaimable", "Queue/benchmark-queue"),
+    },
+    "volcano/capacity-deserved.yaml": set(),
+    "volcano/default-queue.yaml": {
+        ("default-queue", "Queue/default"),
+    },
+    "volcano/deployment-queue.yaml": {
+        ("reclaimable", "Queue/test"),
+    },
+    "volcano/dra-quota.yaml": {
+        ("guarantee", "Queue/gpu-team"),
+        ("guarantee", "Queue/vgpu-team"),
+    },
+    "volcano/hierarchical-jobs-queues.yaml": {
+        ("hdrf", "Queue/root-eng-prod"),
+        ("hdrf", "Queue/root-eng-dev"),
+        ("hdrf", "Queue/root-sci-prod"),
+        ("hdrf", "Queue/root-sci-dev"),
+    },
+    "volcano/node-group-hierarchy.yaml": {
+        ("affinity", "Queue/root"),
+    },
+    "yunikorn/core-queues.yaml": {
+        ("placementrules", "partition/default"),
+        ("limits", "partition/default"),
+        ("nodesortpolicy", "partition/default"),
+        ("submitacl", "queue/root.sandbox"),
+        ("partition", "partition/gpu"),
+    },
+    "yunikorn/e2e-queues.yaml": {
+        ("placementrules", "partition/default"),
+        ("submitacl", "queue/root"),
+        ("default-queue", "queue/root.default"),
+    },
+    "yunikorn/namespace-queues.yaml": {
+        ("placementrules", "partition/default"),
+        ("submitacl", "queue/root"),
+        ("default-queue", "queue/root.default"),
+    },
+    "yunikorn/preemption-configmap.yaml": {
+        ("preemption.delay", "queue/root.sandbox.tenants"),
+        ("preemption.policy", "queue/root.sandbox.tenants"),
+        ("submitacl", "queue/root.sandbox.tenants.tenant-normal"),
+        ("priority.offset", "queue/root.sandbox.tenants.tenant-normal"),
+        ("submitacl", "queue/root.sandbox.tenants.tenant-high"),
+        ("priority.offset", "queue/root.sandbox.tenants.tenant-high"),
+        ("submitacl", "queue/root.sandbox.tenants.tenant-low"),
+        ("priority.offset", "queue/root.sandbox.tenants.tenant-low"),
+        ("submitacl", "queue/root.sandbox.system.system-low"),
+        ("priority.offset", "queue/root.sandbox.system.system-low"),
+    },
+    "yunikorn/priority-configmap.yaml": {
+        ("application.sort.policy", "queue/root"),
+        ("application.sort.priority", "queue/root"),
+        ("adminacl", "queue/root.system"),
+        ("renamed", "queue/root.system"),
+        ("priority.offset", "queue/root.system.high-priority"),
+        ("priority.offset", "queue/root.system.normal-priority"),
+        ("priority.offset", "queue/root.system.low-priority"),
+        ("priority.policy", "queue/root.tenants"),
+        ("adminacl", "queue/root.tenants.group-a"),
+        ("priority.offset", "queue/root.tenants.group-a"),
+        ("adminacl", "queue/root.tenants.group-b"),
+        ("priority.offset", "queue/root.tenants.group-b"),
+    },
+    "yunikorn/resource-limits-configmap.yaml": {
+        ("adminacl", "queue/root.system"),
+        ("renamed", "queue/root.system"),
+        ("adminacl", "queue/root.tenants.group-a"),
+        ("adminacl", "queue/root.tenants.group-b"),
+    },
+}
+
+
+@pytest.mark.parametrize("path", REAL_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_real_file_warnings(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every field without an equivalent is named, and nothing else (IMPORT.md §1)."""
+    code, _, err = run(capsys, str(path))
+    assert code == 0
+    assert warning_keys(err) == REAL_FILE_WARNINGS[f"{path.parent.name}/{path.name}"]
+    assert len(err.splitlines()) == len(warning_keys(err))  # one line per (key, subject)
