@@ -1271,3 +1271,139 @@ def test_real_file_warnings(path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert code == 0
     assert warning_keys(err) == REAL_FILE_WARNINGS[f"{path.parent.name}/{path.name}"]
     assert len(err.splitlines()) == len(warning_keys(err))  # one line per (key, subject)
+
+
+def test_koordinator_annotations_and_edge_names(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    k = "quota.scheduling.koordinator.sh"
+    path = write(
+        tmp_path,
+        f"""\
+        kind: ElasticQuota
+        metadata:
+          name: a
+          labels: {{{k}/allow-force-update: "true", {k}/tree-id: "7"}}
+          annotations:
+            {k}/shared-weight: '{{"cpu": 0, "memory": "0"}}'
+            {k}/namespaces: '["shared", "a-only"]'
+            {k}/max-strict-check-resource-keys: '["cpu"]'
+            {k}/guaranteed: '{{"cpu": 1}}'
+        ---
+        kind: ElasticQuota
+        metadata:
+          name: b
+          annotations:
+            {k}/shared-weight: 'cpu: 1'
+            {k}/namespaces: '["shared"'
+        ---
+        kind: ElasticQuota
+        metadata:
+          name: c
+          annotations: {{{k}/namespaces: '["shared"]', {k}/shared-weight: '{{"gpu": 2}}'}}
+          labels: {{{k}/parent: koordinator-default-quota}}
+        ---
+        kind: ElasticQuota
+        metadata: {{name: system}}
+        """,
+    )
+    code, facts, err = run(capsys, path)
+    assert code == 0
+    found = quotas(facts)
+    assert found["a"]["shared_weight"] is None  # all zero: Koordinator uses max
+    assert found["a"]["namespaces"] == ["a-only"]  # "shared" is claimed twice: neither
+    assert found["c"]["namespaces"] == []
+    assert found["b"]["shared_weight"] is None
+    assert found["c"]["shared_weight"] == {"gpu": 2}  # partial lists stay partial
+    assert found["c"]["parent"] == "root"
+    assert warning_keys(err) == {
+        ("allow-force-update", "ElasticQuota/a"),
+        ("max-strict-check-resource-keys", "ElasticQuota/a"),
+        ("shared-weight", "ElasticQuota/b"),
+        ("namespaces", "ElasticQuota/b"),
+        ("namespaces", "namespace/shared"),
+        ("missing-parent", "ElasticQuota/c"),
+        ("builtin", "ElasticQuota/system"),
+    }
+
+
+def test_yunikorn_queue_and_partition_keys_are_named(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = write(
+        tmp_path,
+        """\
+        checksum: ABC
+        partitions:
+        - name: default
+          usergroupresolver: {type: os}
+          preemption: {quotapreemptionenabled: yes}
+          queues:
+          - name: root
+            childtemplate: {resources: {max: {vcore: 1}}}
+            queues:
+            - name: a
+              maxapplications: 5
+              limits: [{limit: x, users: [u], maxapplications: 1}]
+              resources: {guaranteed: {vcore: lots}, max: {vcore: 0, memory: 0}}
+              extra: 1
+        """,
+    )
+    code, facts, err = run(capsys, path)
+    assert code == 0
+    assert facts == [
+        {
+            "kind": "QuotaUpserted",
+            "name": "a",
+            "parent": "root",
+            "is_parent": False,
+            "min": {},
+            "max": None,
+            "shared_weight": None,
+            "allow_lent": True,
+            "lending_limit": None,
+            "borrowing_limit": None,
+            "namespaces": [],
+            "preemption_delay_s": 0,
+        }
+    ]
+    assert warning_keys(err) == {
+        ("usergroupresolver", "partition/default"),
+        ("preemption", "partition/default"),  # `yes` is text, not a boolean
+        ("childtemplate", "queue/root"),
+        ("maxapplications", "queue/root.a"),
+        ("limits", "queue/root.a"),
+        ("quantity", "queue/root.a"),
+        ("extra", "queue/root.a"),
+    }
+
+
+def test_volcano_resource_quota_without_weight_and_zero_guarantee(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = write(
+        tmp_path,
+        """\
+        apiVersion: scheduling.volcano.sh/v1beta1
+        kind: Queue
+        metadata: {name: q}
+        spec:
+          deserved: {cpu: 2}
+          guarantee: {resource: {cpu: 0, memory: 1Gi}}
+          extendClusters: [{name: c1}]
+        ---
+        apiVersion: v1
+        kind: ResourceQuota
+        metadata: {name: plain, namespace: ns}
+        spec: {hard: {pods: "10"}}
+        """,
+    )
+    code, facts, err = run(capsys, path)
+    assert code == 0
+    q = quotas(facts)["q"]
+    assert q["min"] == {"cpu": "2000m", "memory": 2**30}
+    assert q["lending_limit"] == {"memory": 0}  # only resources with a guarantee > 0
+    assert warning_keys(err) == {
+        ("extendClusters", "Queue/q"),
+        ("resourcequota", "ResourceQuota/plain"),
+    }
