@@ -243,6 +243,8 @@ def test_two_quotaledger_runs_started_together(tmp_path: Path) -> None:
             if isinstance(event, LeaderElected) and accepted:
                 holder, newest = event.instance, event.epoch
         assert newest >= 1
+        claims = [(e.epoch, e.instance, ok) for e, ok in decisions if isinstance(e, LeaderElected)]
+        print(f"pair {seed}: claims {claims}")
         for event, accepted in decisions:
             if accepted and isinstance(event, EvictionRequested):
                 assert (event.instance, event.epoch) == (holder, newest), event
