@@ -16,8 +16,9 @@ Rules the engine keeps:
 * deadlines come from ledger ``ts``: after a restart an overdue timer fires at
   once, never later than its original deadline plus the restart;
 * with election on, it appends ``LeaderElected{epoch+1}`` at start and
-  proposes only while its epoch is the newest (a stale writer is fenced by the
-  projection anyway).
+  proposes only while the newest accepted epoch is the one its own claim won
+  (a stale writer is fenced by the projection anyway; a loser follows);
+* SIGTERM during the start-up catch-up stops it between two batches.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from quotaledger.events.codec import encode_event
-from quotaledger.events.ledger import Append, Ledger, LedgerMismatch, Snapshot
+from quotaledger.events.ledger import Append, Ledger, LedgerError, LedgerMismatch, Snapshot
 from quotaledger.events.model import (
     Event,
     EvictionFailed,
@@ -163,7 +164,7 @@ class LiveEngine:
         self.core.sealed_through = self.state.offset
         return True
 
-    async def elect(self) -> None:
+    async def elect(self, stop: asyncio.Event | None = None) -> None:
         """Claim the next epoch; lead only if the projection accepted *this* claim.
 
         Two engines starting together both claim ``newest + 1``; the projection
@@ -171,18 +172,34 @@ class LiveEngine:
         newer"). An engine leads only with an epoch whose accepted
         ``LeaderElected`` is its own record (its offset is not among the
         rejections, and the state names its instance as the holder). A loser
-        whose epoch went to another instance follows: taking over at once
-        would fence a winner that may already be driving evictions, which the
-        new leader would then drive a second time (DECISIONS 50). Otherwise
-        (the claim was refused but no other instance holds the newest epoch,
-        e.g. a twin with the same name won it) it claims again after a
-        randomized exponential backoff capped at ``elect_backoff_max_s``.
+        follows: claiming again would fence a winner that may already be
+        driving evictions, which the new leader would then drive a second time
+        (DECISIONS 50). A claim that could not be appended (the ledger busy or
+        unreachable) is retried after a randomized exponential backoff capped
+        at ``elect_backoff_max_s``, until ``stop``.
         """
         delay = self.elect_backoff_s
         while True:
             epoch = self.state.leader_epoch + 1
-            claim = LeaderElected(epoch=epoch, instance=self.instance)
-            offset = await self.append_applied([claim])
+            try:
+                offset = await self.append_applied(
+                    [LeaderElected(epoch=epoch, instance=self.instance)]
+                )
+            except LedgerError as exc:
+                log.warning(
+                    "engine %s could not claim epoch %d (%s); retrying in %.2f s",
+                    self.instance,
+                    epoch,
+                    exc,
+                    delay,
+                )
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._rng.uniform(delay / 2, delay)):
+                        await (stop or asyncio.Event()).wait()
+                if stop is not None and stop.is_set():
+                    return
+                delay = min(delay * 2, self.elect_backoff_max_s)
+                continue
             state = self.state
             if (
                 state.leader_epoch == epoch
@@ -193,7 +210,15 @@ class LiveEngine:
                 log.info("engine %s leads with epoch %d", self.instance, epoch)
                 return
             self.core.epoch = 0
-            if state.leader_instance != self.instance:
+            if state.leader_instance == self.instance:
+                log.error(
+                    "engine %s lost epoch %d to another engine named %s: give each engine"
+                    " its own --instance; this one decides nothing",
+                    self.instance,
+                    epoch,
+                    self.instance,
+                )
+            else:
                 log.info(
                     "engine %s lost the election for epoch %d: %s leads with epoch %d",
                     self.instance,
@@ -201,9 +226,7 @@ class LiveEngine:
                     state.leader_instance,
                     state.leader_epoch,
                 )
-                return
-            await asyncio.sleep(self._rng.uniform(delay / 2, delay))
-            delay = min(delay * 2, self.elect_backoff_max_s)
+            return
 
     # ------------------------------------------------------------ tasks
 
@@ -219,7 +242,7 @@ class LiveEngine:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._follow())
                 if self.election:
-                    await self.elect()
+                    await self.elect(stop)
                 if ready is not None:
                     await ready()
                 group.create_task(self._reconcile(group))

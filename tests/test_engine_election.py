@@ -10,6 +10,7 @@ proposals the guard refuses.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -27,7 +28,7 @@ from quotaledger.adapters.sqlite_ledger import SqliteLedger
 from quotaledger.engine.core import EngineCore
 from quotaledger.engine.live import LiveEngine, SimulateExecutor
 from quotaledger.events.codec import decode_event, encode_event
-from quotaledger.events.ledger import Append, Record
+from quotaledger.events.ledger import Append, LedgerError, Record
 from quotaledger.events.model import Event, EvictionRequested, LeaderElected, PreemptionStarted
 from quotaledger.projections import Projection
 from quotaledger.projections.state import EvictionRun, ProjectedState
@@ -102,7 +103,9 @@ def accepted_decisions(records: Sequence[Record]) -> list[tuple[Event, bool]]:
     return out
 
 
-async def _same_instant_trial(path: Path, seed: int) -> tuple[str, Counter[str], int]:
+async def _same_instant_trial(
+    path: Path, seed: int, names: tuple[str, str] = ("A", "B")
+) -> tuple[str, Counter[str], int]:
     """One trial: two engines claim epoch 1 together on a ledger with collided
     quota-decrease deadlines. Returns (winner, executor calls, samples)."""
     rng = random.Random(seed)
@@ -118,7 +121,7 @@ async def _same_instant_trial(path: Path, seed: int) -> tuple[str, Counter[str],
             instance=name,
             idle_poll_s=0.02,
         )
-        for name, link in zip(("A", "B"), links, strict=True)
+        for name, link in zip(names, links, strict=True)
     ]
     ready = 0
 
@@ -144,9 +147,9 @@ async def _same_instant_trial(path: Path, seed: int) -> tuple[str, Counter[str],
     finally:
         for ledger in (writer, *links):
             await ledger.close()
-    holders = {e.instance for e in engines if e.core.epoch == 1}
+    holders = [e.instance for e in engines if e.core.epoch == 1]
     assert len(holders) == 1, f"seed {seed}: epoch 1 held by {holders}"
-    return holders.pop(), calls, samples
+    return holders[0], calls, samples
 
 
 async def test_two_engines_started_together_elect_one_leader(tmp_path: Path) -> None:
@@ -175,6 +178,70 @@ async def test_two_engines_started_together_elect_one_leader(tmp_path: Path) -> 
     # not trivial: both instances won some races, and there was work to do
     assert set(winners) == {"A", "B"}, winners
     assert started >= 40
+
+
+async def test_twins_with_one_name_elect_one_leader(tmp_path: Path) -> None:
+    """Misconfigured: two engines under the same --instance name. The state names
+    the winner's instance, which is the loser's name too: only the engine whose
+    own record was accepted leads."""
+    for seed in range(5):
+        path = tmp_path / f"twins{seed}.db"
+        winner, calls, _ = await _same_instant_trial(path, 1000 + seed, ("A", "A"))
+        assert winner == "A"
+        check_ledger(read_records(path))
+        assert all(n == 1 for n in calls.values()), f"seed {seed}: executed twice: {calls}"
+
+
+class FailingClaims:
+    """A ledger on which the first ``failures`` LeaderElected appends fail."""
+
+    def __init__(self, ledger: SqliteLedger, failures: int) -> None:
+        self.ledger = ledger
+        self.failures = failures
+        self.attempts: list[float] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.ledger, name)
+
+    async def append(self, batch: Sequence[Append]) -> list[int]:
+        if any(b'"LeaderElected"' in item.payload for item in batch):
+            self.attempts.append(time.monotonic())
+            if len(self.attempts) <= self.failures:
+                raise LedgerError("database is locked")
+        return await self.ledger.append(batch)
+
+
+async def test_a_claim_that_cannot_be_appended_is_retried_with_backoff(tmp_path: Path) -> None:
+    path = tmp_path / "flaky.db"
+    ledger = await SqliteLedger.open(path, poll_interval=0.01)
+    link = FailingClaims(ledger, failures=4)
+    engine = LiveEngine(
+        link,  # type: ignore[arg-type]
+        SimulateExecutor(),
+        instance="A",
+        elect_backoff_s=0.02,
+        elect_backoff_max_s=0.1,
+    )
+    try:
+        async with Engines() as runner:
+            runner.start(engine)
+            await asyncio.wait_for(_until(lambda: engine.core.epoch == 1), 10)
+            assert engine.is_leader()
+    finally:
+        await ledger.close()
+    gaps = [b - a for a, b in itertools.pairwise(link.attempts)]
+    assert len(gaps) == 4
+    # randomized in [delay/2, delay]: 0.02, 0.04, 0.08, then capped at 0.1
+    # (a sleep lasts at least its time: a lower bound only)
+    waits = (0.02, 0.04, 0.08, 0.1)
+    assert all(gap >= wait / 2 - 0.002 for gap, wait in zip(gaps, waits, strict=True)), gaps
+    claims = [decode_event(r.payload) for r in read_records(path)]
+    assert [e for e in claims if isinstance(e, LeaderElected)] == [LeaderElected(1, "A")]
+
+
+async def _until(predicate: Any) -> None:
+    while not predicate():
+        await asyncio.sleep(0.01)
 
 
 # ------------------------------------------------------------------ processes
@@ -379,3 +446,25 @@ def test_a_refused_timer_backs_off_exponentially() -> None:
         waits.append(ready - now)
         now = ready
     assert waits == [250, 500, 1000, 2000]
+
+
+def test_the_projection_remembers_who_holds_the_epoch() -> None:
+    """The accepted claim's instance is state, in snapshots and in the hash."""
+    from quotaledger.projections.snapshot import dump, load
+    from quotaledger.projections.view import state_hash
+
+    def led_by(*claims: LeaderElected) -> ProjectedState:
+        projection = Projection()
+        projection.apply(0, 0, decode_event(b'{"kind":"LedgerOpened","ledger_id":"e"}'))
+        for offset, claim in enumerate(claims, start=1):
+            projection.apply(offset, 0, claim)
+        return projection.state
+
+    state = led_by(LeaderElected(1, "A"), LeaderElected(1, "B"))
+    assert (state.leader_epoch, state.leader_instance) == (1, "A")
+    assert [r.offset for r in state.rejected] == [2]
+    restored = load(dump(state))
+    assert restored.leader_instance == "A"
+    assert state_hash(restored) == state_hash(state)
+    other = led_by(LeaderElected(1, "B"))
+    assert state_hash(other) != state_hash(led_by(LeaderElected(1, "A")))
