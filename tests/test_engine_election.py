@@ -265,7 +265,7 @@ def test_two_quotaledger_runs_started_together(tmp_path: Path) -> None:
     outcome per eviction, every accepted decision from the holder of the newest
     epoch."""
     env = {**os.environ, "PYTHONPATH": str(REPO.parent)}
-    for seed in range(3):
+    for seed in range(5):
         path = tmp_path / f"pair{seed}.db"
         setup, decreases = guard_scenario(100 + seed)
         _ledger_with(path, setup)
