@@ -407,6 +407,7 @@ async def _run_engine(args: argparse.Namespace) -> None:
 
     from .sqlite_ledger import SqliteLedger
 
+    every_s = progress_every_s()
     # Until the loop's handlers are in place, a signal raises Interrupted (main).
     ledger = await SqliteLedger.open(str(args.ledger), create=True)
     stop = asyncio.Event()
@@ -423,7 +424,7 @@ async def _run_engine(args: argparse.Namespace) -> None:
         instance=args.instance,
         election=not args.no_election,
         snapshot_every=args.snapshot_every,
-        progress_every_s=progress_every_s(),
+        progress_every_s=every_s,
     )
 
     async def ready() -> None:

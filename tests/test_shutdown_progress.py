@@ -247,3 +247,48 @@ def test_the_big_ledger_still_replays(
     state = msgspec.json.decode(capsys.readouterr().out)
     assert state["offset"] == RECORDS  # LedgerOpened at 0, then RECORDS events
     assert state["rejected"] == []
+
+
+def test_progress_modes() -> None:
+    """A bar redrawn in place, logged lines, or nothing; the total when known."""
+    import io
+
+    from quotaledger.adapters.cli import Progress
+
+    logged = io.StringIO()
+    progress = Progress("replay", 2000, logged, "log", every_s=0.0)
+    progress(1000)
+    progress(2000)
+    progress.close()
+    lines = logged.getvalue().splitlines()
+    assert len(lines) == 2
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ quotaledger replay: 1,000/2,000 \(50\.0%\) records,"
+        r" [\d,]+ records/s, \d+\.\d s",
+        lines[0],
+    ), lines[0]
+    unknown = io.StringIO()
+    Progress("ingest", None, unknown, "log", every_s=0.0)(5000)
+    assert "quotaledger ingest: 5,000 records," in unknown.getvalue()
+    silent = io.StringIO()
+    Progress("audit", 10, silent, "off", every_s=0.0)(5)
+    slow = Progress("audit", 10, silent, "log", every_s=3600.0)
+    slow(5)
+    slow.close()
+    assert silent.getvalue() == ""
+    bar = io.StringIO()
+    drawn = Progress("snapshot", 100, bar, "bar")
+    drawn.shown_at -= 1.0
+    drawn(50)
+    drawn.close()
+    assert bar.getvalue().startswith("\rsnapshot [###############---------------] 50/100")
+    assert bar.getvalue().endswith("\n")
+
+
+def test_a_bad_progress_interval_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("QUOTALEDGER_PROGRESS_EVERY_S", "soon")
+    assert main(["replay", str(REPO / "examples" / "quota-decrease.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "quotaledger: error: QUOTALEDGER_PROGRESS_EVERY_S: 'soon' is not a positive" in err
