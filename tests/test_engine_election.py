@@ -395,9 +395,9 @@ async def test_no_election_refusals_are_bounded(tmp_path: Path) -> None:
                 for engine in engines:
                     runner.start(engine)
                 await asyncio.sleep(0.1)
-                await writer.append([Append(encode_fact(f)) for f in decreases])
+                lowered = await writer.append([Append(encode_fact(f)) for f in decreases])
                 async with asyncio.timeout(20):
-                    while not all(
+                    while not all(e.state.offset >= lowered[-1] for e in engines) or not all(
                         quiescent(e.state, time.time_ns() // 1_000_000, 100) for e in engines
                     ):
                         await asyncio.sleep(0.01)
