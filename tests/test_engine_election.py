@@ -401,6 +401,7 @@ async def test_no_election_refusals_are_bounded(tmp_path: Path) -> None:
                         quiescent(e.state, time.time_ns() // 1_000_000, 100) for e in engines
                     ):
                         await asyncio.sleep(0.01)
+                await asyncio.sleep(0.2)  # appends decided before quiescence land
                 settled = len(read_records(path))
                 await asyncio.sleep(0.5)  # idle rounds add nothing, refusals included
                 assert len(read_records(path)) == settled
