@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import itertools
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -37,36 +40,124 @@ class UserError(Exception):
     """A mistake in what the user asked for; printed without a traceback."""
 
 
-class Progress:
-    """A progress line on stderr for long work; silent for short or non-TTY runs."""
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGINT arrived (DESIGN §9 shutdown). Raised from the signal
+    handler in whatever the main thread runs, so a long fold stops within
+    milliseconds. A KeyboardInterrupt, so asyncio re-raises it instead of
+    logging it, and every ``finally`` on the way out runs: ledgers are closed,
+    and SQLite keeps only whole transactions."""
 
-    def __init__(self, label: str, total: int | None, stream: TextIO, enabled: bool) -> None:
-        self.label, self.total, self.stream, self.enabled = label, total, stream, enabled
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.detail = ""
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """SIGTERM and SIGINT raise :class:`Interrupted` while inside (main thread
+    only; the previous handlers are restored on the way out)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    for signum in previous:
+        signal.signal(signum, _raise_interrupted)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+PROGRESS_EVERY_ENV = "QUOTALEDGER_PROGRESS_EVERY_S"
+#: DESIGN §9: long work logs its progress every 10 s when stderr is not a terminal.
+PROGRESS_EVERY_S = 10.0
+
+
+def progress_every_s() -> float:
+    """The interval between logged progress lines: ``QUOTALEDGER_PROGRESS_EVERY_S``
+    (seconds, > 0) or 10 s."""
+    text = os.environ.get(PROGRESS_EVERY_ENV)
+    if text is None or text.strip() == "":
+        return PROGRESS_EVERY_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise UserError(f"{PROGRESS_EVERY_ENV}: {text!r} is not a positive number of seconds")
+    return value
+
+
+class Progress:
+    """Progress of long work on stderr (DESIGN §9).
+
+    ``mode`` "bar": a line redrawn in place at most twice a second (a
+    terminal, or ``--progress``); "log": one timestamped line every
+    ``every_s`` seconds (stderr is not a terminal: logs, CI, Kubernetes);
+    "off": nothing (``--no-progress``). Work shorter than the interval shows
+    nothing.
+    """
+
+    def __init__(
+        self,
+        label: str,
+        total: int | None,
+        stream: TextIO,
+        mode: str,
+        every_s: float = PROGRESS_EVERY_S,
+    ) -> None:
+        self.label, self.total, self.stream, self.mode = label, total, stream, mode
+        self.every_s = 0.5 if mode == "bar" else every_s
         self.started = time.monotonic()
         self.shown_at = self.started
         self.drawn = False
 
     def __call__(self, done: int) -> None:
+        if self.mode == "off":
+            return
         now = time.monotonic()
-        if not self.enabled or now - self.shown_at < 0.5:
+        if now - self.shown_at < self.every_s:
             return
         self.shown_at = now
         rate = done / max(now - self.started, 1e-9)
-        if self.total:
+        if self.mode == "log":
+            of = f"/{self.total:,} ({100 * done / self.total:.1f}%)" if self.total else ""
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            self.stream.write(
+                f"{stamp} quotaledger {self.label}: {done:,}{of} records,"
+                f" {rate:,.0f} records/s, {now - self.started:.1f} s\n"
+            )
+        elif self.total:
             width = 30
             filled = min(width, int(width * done / self.total))
             bar = "#" * filled + "-" * (width - filled)
-            text = f"\r{self.label} [{bar}] {done:,}/{self.total:,} ({rate:,.0f}/s)"
+            self.stream.write(f"\r{self.label} [{bar}] {done:,}/{self.total:,} ({rate:,.0f}/s)")
         else:
-            text = f"\r{self.label} {done:,} records ({rate:,.0f}/s)"
-        self.stream.write(text)
+            self.stream.write(f"\r{self.label} {done:,} records ({rate:,.0f}/s)")
         self.stream.flush()
         self.drawn = True
 
     def close(self) -> None:
-        if self.drawn:
+        if self.drawn and self.mode == "bar":
             self.stream.write("\n")
             self.stream.flush()
+
+
+def progress_for(label: str, total: int | None, args: argparse.Namespace | None) -> Progress:
+    """A :class:`Progress` on stderr: ``--progress``/``--no-progress`` if given,
+    else a bar on a terminal and logged lines otherwise."""
+    choice = getattr(args, "progress", None)
+    if choice is None:
+        mode = "bar" if sys.stderr.isatty() else "log"
+    else:
+        mode = "bar" if choice else "off"
+    return Progress(label, total, sys.stderr, mode, progress_every_s())
 
 
 def _is_jsonl(path: Path) -> bool:
@@ -82,12 +173,6 @@ def _batched(items: Iterable[Record], size: int = 5000) -> Iterator[list[Record]
             batch = []
     if batch:
         yield batch
-
-
-def _progress_enabled(args: argparse.Namespace) -> bool:
-    if args.progress is not None:
-        return bool(args.progress)
-    return sys.stderr.isatty()
 
 
 async def _fold_ledger(path: Path, until: Until, args: argparse.Namespace) -> Projection:
@@ -109,9 +194,8 @@ async def _fold_ledger(path: Path, until: Until, args: argparse.Namespace) -> Pr
                 if until.ts is None or state.ts <= until.ts:
                     projection = Projection(state)
                     start = snapshot.offset + 1
-        total = await ledger.last_offset() + 1
-        progress = Progress("replay", total, sys.stderr, _progress_enabled(args))
-        progress.started = time.monotonic()
+        total = await ledger.last_offset() + 1 - start
+        progress = progress_for(getattr(args, "command", None) or "replay", total, args)
         fold(projection, ledger.iter_batches(start), until, progress)
         progress.close()
         return projection
@@ -129,8 +213,7 @@ def fold_path(path: Path, args: argparse.Namespace) -> Projection:
         raise UserError(str(exc)) from None
     if _is_jsonl(path):
         projection = Projection()
-        size = path.stat().st_size
-        progress = Progress("replay", None, sys.stderr, _progress_enabled(args) and size > 1 << 24)
+        progress = progress_for(getattr(args, "command", None) or "replay", None, args)
         stream: Iterable[Record] = records(path, skip_invalid=args.skip_invalid)
         if until.offset is not None:
             # Do not even read (and fail on) lines past the stop offset.
@@ -175,16 +258,29 @@ async def _ingest(source: Path, target: Path, skip_invalid: bool) -> tuple[int, 
         count = 0
         batch: list[Append] = []
         first = await ledger.last_offset() + 1
+        progress = progress_for("ingest", None, None)
         for line in read_lines(source, skip_invalid=skip_invalid, first_offset=first):
             batch.append(Append(payload=line.payload, ts=line.ts))
             if len(batch) >= 1000:
                 await ledger.append(batch)
                 count += len(batch)
                 batch = []
+                progress(count)
         if batch:
             await ledger.append(batch)
             count += len(batch)
+        progress.close()
         return count, await ledger.last_offset()
+    finally:
+        await ledger.close()
+
+
+async def _tail(path: Path) -> int:
+    from .sqlite_ledger import SqliteLedger
+
+    ledger = await SqliteLedger.open(str(path), create=False)
+    try:
+        return await ledger.last_offset()
     finally:
         await ledger.close()
 
@@ -193,7 +289,19 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     source = Path(args.source)
     if not source.exists():
         raise UserError(f"{source}: no such file")
-    count, last = asyncio.run(_ingest(source, Path(args.ledger), args.skip_invalid))
+    target = Path(args.ledger)
+    # a new ledger's LedgerOpened (offset 0) is not one of the file's records
+    before = asyncio.run(_tail(target)) if target.exists() and target.stat().st_size else 0
+    try:
+        count, last = asyncio.run(_ingest(source, target, args.skip_invalid))
+    except Interrupted as exc:
+        # Each batch is one transaction: what the ledger holds is whole batches.
+        last = asyncio.run(_tail(target)) if target.exists() else -1
+        exc.detail = (
+            f"appended {max(0, last - before)} record(s) to {args.ledger} before stopping;"
+            f" last offset {last}"
+        )
+        raise
     print(f"appended {count} record(s) to {args.ledger}; last offset {last}")
     return 0
 
@@ -209,7 +317,9 @@ async def _snapshot(path: Path) -> tuple[int, str]:
         if snapshot is not None:
             projection = Projection(load(snapshot.blob))
             start = snapshot.offset + 1
-        fold(projection, ledger.iter_batches(start))
+        progress = progress_for("snapshot", await ledger.last_offset() + 1 - start, None)
+        fold(projection, ledger.iter_batches(start), progress=progress)
+        progress.close()
         state = projection.state
         await ledger.save_snapshot(Snapshot(offset=state.offset, blob=dump(state)))
         return state.offset, state_json(state)["hash"]
@@ -293,15 +403,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 async def _run_engine(args: argparse.Namespace) -> None:
-    import signal
-
     from quotaledger.engine.live import LiveEngine, LogExecutor, SimulateExecutor
 
     from .sqlite_ledger import SqliteLedger
 
+    every_s = progress_every_s()
+    # Until the loop's handlers are in place, a signal raises Interrupted (main).
     ledger = await SqliteLedger.open(str(args.ledger), create=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    # Before restore: LiveEngine.restore checks ``stop`` between catch-up batches.
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     if args.stop_after is not None:
@@ -313,6 +424,7 @@ async def _run_engine(args: argparse.Namespace) -> None:
         instance=args.instance,
         election=not args.no_election,
         snapshot_every=args.snapshot_every,
+        progress_every_s=every_s,
     )
 
     async def ready() -> None:
@@ -361,7 +473,31 @@ def _jsonl_ledger_records(path: Path) -> list[Record]:
 RecordSource = Callable[[int], Iterable[Record]]
 
 
-def _with_ledger_records(path: Path, work: Callable[[RecordSource], Any]) -> Any:
+def _with_progress(label: str, total: int, source: RecordSource) -> RecordSource:
+    """``source`` whose first pass (the full one, from offset 0) reports progress."""
+    passes = 0
+
+    def counted(start: int) -> Iterable[Record]:
+        nonlocal passes
+        passes += 1
+        if passes > 1 or start != 0:
+            return source(start)
+        return _counting(source(start), progress_for(label, total, None))
+
+    return counted
+
+
+def _counting(records: Iterable[Record], progress: Progress) -> Iterator[Record]:
+    for done, record in enumerate(records, start=1):
+        yield record
+        if done % 1000 == 0:
+            progress(done)
+    progress.close()
+
+
+def _with_ledger_records(
+    path: Path, work: Callable[[RecordSource], Any], label: str = "audit"
+) -> Any:
     """Run ``work(source)`` where ``source(n)`` yields the ledger's records from offset n.
 
     Read only: the SQLite file is opened through its own reader connections and
@@ -371,14 +507,21 @@ def _with_ledger_records(path: Path, work: Callable[[RecordSource], Any]) -> Any
         raise UserError(f"{path}: no such file")
     if _is_jsonl(path):
         rows = _jsonl_ledger_records(path)
-        return work(lambda start: rows[start:])
+        return work(_with_progress(label, len(rows), lambda start: rows[start:]))
 
     async def run() -> Any:
         from .sqlite_ledger import SqliteLedger
 
         ledger = await SqliteLedger.open(str(path), create=False)
         try:
-            return work(lambda start: itertools.chain.from_iterable(ledger.iter_batches(start)))
+            total = await ledger.last_offset() + 1
+            return work(
+                _with_progress(
+                    label,
+                    total,
+                    lambda start: itertools.chain.from_iterable(ledger.iter_batches(start)),
+                )
+            )
         finally:
             await ledger.close()
 
@@ -388,7 +531,7 @@ def _with_ledger_records(path: Path, work: Callable[[RecordSource], Any]) -> Any
 def cmd_audit(args: argparse.Namespace) -> int:
     from quotaledger.engine.audit import audit
 
-    report = _with_ledger_records(Path(args.ledger), audit)
+    report = _with_ledger_records(Path(args.ledger), audit, "audit")
     if args.pod is not None:
         report = report.for_pod(args.pod)
     if args.json:
@@ -725,10 +868,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.handler(args))
+        with interruptible():
+            return int(args.handler(args))
     except (UserError, JsonlError, LedgerError, SnapshotError) as exc:
         print(f"quotaledger: error: {exc}", file=sys.stderr)
         return 2
+    except Interrupted as exc:
+        name = signal.Signals(exc.signum).name
+        detail = f"; {exc.detail}" if exc.detail else ""
+        print(f"quotaledger: stopped by {name}{detail}", file=sys.stderr, flush=True)
+        return 128 + exc.signum
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

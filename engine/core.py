@@ -100,6 +100,10 @@ class EngineCore:
     epoch: int = 0
     handled: set[tuple[str, str, str, int]] = field(default_factory=set)
     sealed_through: int = -1
+    #: refused timers: key -> (refusals so far, earliest ms to propose again)
+    backoff: dict[tuple[str, str, str, int], tuple[int, int]] = field(default_factory=dict)
+    backoff_base_ms: int = 250
+    backoff_max_ms: int = 30_000
 
     @property
     def state(self) -> ProjectedState:
@@ -116,15 +120,25 @@ class EngineCore:
             and timer.queue not in state.occupied  # §8 rule 34: waits for the running one
         ]
 
+    def ready_at(self, timer: Timer) -> int:
+        """When ``timer`` may be proposed: its deadline, or later while it backs
+        off after a refusal (see :meth:`reopen_if_refused`)."""
+        held = self.backoff.get((timer.cause, timer.queue, timer.pod_uid, timer.deadline))
+        return timer.deadline if held is None else max(timer.deadline, held[1])
+
     def next_deadline(self, before: int | None = None) -> int | None:
-        """The earliest pending deadline (only looking before ``before`` if given)."""
+        """The earliest time a pending timer may fire (only looking before
+        ``before`` if given)."""
         waiting = self.pending(before)
-        if not waiting or (before is not None and waiting[0].deadline >= before):
+        if not waiting:
             return None
-        return waiting[0].deadline
+        at = min(self.ready_at(timer) for timer in waiting)
+        if before is not None and at >= before:
+            return None
+        return at
 
     def due(self, now: int) -> list[Timer]:
-        return [timer for timer in self.pending(now + 1) if timer.deadline <= now]
+        return [timer for timer in self.pending(now + 1) if self.ready_at(timer) <= now]
 
     def plan(self, timer: Timer) -> Plan | None:
         if timer.cause == "quota-decrease":
@@ -191,22 +205,43 @@ class EngineCore:
             )
         return events
 
-    def reopen_if_refused(self, timer: Timer, proposal: Sequence[Event]) -> None:
+    def reopen_if_refused(
+        self, timer: Timer, proposal: Sequence[Event], now: int | None = None
+    ) -> None:
         """Once ``proposal`` (for ``timer``) is read back: if the projection
         refused its ``PreemptionStarted`` because another writer's preemption
         occupied the queue first, the timer is pending again. It waits for that
         preemption and is then evaluated on the state of that time (§8 rule 34);
         if the other preemption answered the same deadline, the timer is gone.
+
+        With ``now`` (the live engine), a refused timer also backs off: it is
+        not proposed again before ``now + base × 2^(refusals-1)`` (capped at
+        ``backoff_max_ms``), so a refusal whose cause persists (another writer
+        keeps winning, a fence this engine does not see coming) costs a bounded
+        number of refused records instead of one per reconciler round
+        (DECISIONS 51).
         """
         started = proposal[0] if proposal else None
         if not isinstance(started, PreemptionStarted):
             return
         state = self.state
-        if started.preemption_id in state.preemptions:
+        key = (timer.cause, timer.queue, timer.pod_uid, timer.deadline)
+        if (
+            started.preemption_id in state.preemptions
+            or started.preemption_id in state.finished_preemptions
+        ):
+            # accepted (ours, or an identical proposal of another engine)
+            self.backoff.pop(key, None)
             return
-        if started.preemption_id in state.finished_preemptions:
-            return  # accepted (ours, or an identical proposal of another engine)
-        self.handled.discard((timer.cause, timer.queue, timer.pod_uid, timer.deadline))
+        self.handled.discard(key)
+        if now is None:
+            return
+        refusals = self.backoff.get(key, (0, 0))[0] + 1
+        wait = min(self.backoff_base_ms << min(refusals - 1, 30), self.backoff_max_ms)
+        self.backoff[key] = (refusals, now + wait)
+        if len(self.backoff) > 4 * len(self.handled) + 1024:
+            alive = {(t.cause, t.queue, t.pod_uid, t.deadline) for t in timers(state)}
+            self.backoff = {k: v for k, v in self.backoff.items() if k in alive}
 
     def observe(self, now: int) -> ClocksObserved | None:
         """Sample the overuse and starvation clocks at ``now`` (DECISIONS 13):

@@ -16,8 +16,9 @@ Rules the engine keeps:
 * deadlines come from ledger ``ts``: after a restart an overdue timer fires at
   once, never later than its original deadline plus the restart;
 * with election on, it appends ``LeaderElected{epoch+1}`` at start and
-  proposes only while its epoch is the newest (a stale writer is fenced by the
-  projection anyway).
+  proposes only while the newest accepted epoch is the one its own claim won
+  (a stale writer is fenced by the projection anyway; a loser follows);
+* SIGTERM during the start-up catch-up stops it between two batches.
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from quotaledger.events.codec import encode_event
-from quotaledger.events.ledger import Append, Ledger, LedgerMismatch, Snapshot
+from quotaledger.events.ledger import Append, Ledger, LedgerError, LedgerMismatch, Snapshot
 from quotaledger.events.model import (
     Event,
     EvictionFailed,
@@ -105,6 +107,12 @@ class LiveEngine:
     observe_every_ms: int = 1000
     _observed_at: int = 0
 
+    elect_backoff_s: float = 0.05
+    elect_backoff_max_s: float = 2.0
+    progress_every_s: float = 10.0
+    _rng: random.Random = field(default_factory=random.Random)
+    _leading: bool = False
+
     def __post_init__(self) -> None:
         self.core = EngineCore(self.projection, instance=self.instance)
 
@@ -114,8 +122,14 @@ class LiveEngine:
 
     # ------------------------------------------------------------ start-up
 
-    async def restore(self) -> None:
-        """Load the newest snapshot, then fold the ledger to its tail."""
+    async def restore(self, stop: asyncio.Event | None = None) -> bool:
+        """Load the newest snapshot, then fold the ledger to its tail.
+
+        Returns False when ``stop`` was set during the catch-up (DESIGN §9
+        shutdown: checked between batches, a few ms apart; nothing is written
+        while catching up, so the ledger is untouched). Logs progress every
+        ``progress_every_s``.
+        """
         snapshot = await self.ledger.load_snapshot(None)
         if snapshot is not None:
             state = load(snapshot.blob)
@@ -125,21 +139,94 @@ class LiveEngine:
                 )
             self.projection = Projection(state)
             self.core = EngineCore(self.projection, instance=self.instance)
+        tail = await self.ledger.last_offset()
+        progress = CatchUpProgress(self.instance, tail, self.progress_every_s)
         async for batch in self.ledger.read(self.state.offset + 1):
             for record in batch:
                 self.projection.apply_record(record)
+            progress.tick(self.state.offset, len(batch))
+            # A read that has records never suspends: yield once per batch so a
+            # signal handler (loop.add_signal_handler) can run and set ``stop``.
+            await asyncio.sleep(0)
+            if stop is not None and stop.is_set():
+                log.info(
+                    "engine %s stopped during catch-up at offset %d",
+                    self.instance,
+                    self.state.offset,
+                )
+                return False
+        progress.done(self.state.offset)
         if self.state.ledger_id not in (None, self.ledger.ledger_id):
             raise LedgerMismatch(
                 f"state of ledger {self.state.ledger_id} cannot follow {self.ledger.ledger_id}"
             )
         # A read to the tail ends on a committed transaction: every batch is whole.
         self.core.sealed_through = self.state.offset
+        return True
 
-    async def elect(self) -> None:
-        """Claim the next epoch; the projection decides who is newest."""
-        epoch = self.state.leader_epoch + 1
-        await self.append_applied([LeaderElected(epoch=epoch, instance=self.instance)])
-        self.core.epoch = epoch if self.state.leader_epoch == epoch else self.state.leader_epoch
+    async def elect(self, stop: asyncio.Event | None = None) -> None:
+        """Claim the next epoch; lead only if the projection accepted *this* claim.
+
+        Two engines starting together both claim ``newest + 1``; the projection
+        accepts the first one in ledger order and refuses the other ("not
+        newer"). An engine leads only with an epoch whose accepted
+        ``LeaderElected`` is its own record (its offset is not among the
+        rejections, and the state names its instance as the holder). A loser
+        follows: claiming again would fence a winner that may already be
+        driving evictions, which the new leader would then drive a second time
+        (DECISIONS 50). A claim that could not be appended (the ledger busy or
+        unreachable) is retried after a randomized exponential backoff capped
+        at ``elect_backoff_max_s``, until ``stop``.
+        """
+        delay = self.elect_backoff_s
+        while True:
+            epoch = self.state.leader_epoch + 1
+            try:
+                offset = await self.append_applied(
+                    [LeaderElected(epoch=epoch, instance=self.instance)]
+                )
+            except LedgerError as exc:
+                log.warning(
+                    "engine %s could not claim epoch %d (%s); retrying in %.2f s",
+                    self.instance,
+                    epoch,
+                    exc,
+                    delay,
+                )
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._rng.uniform(delay / 2, delay)):
+                        await (stop or asyncio.Event()).wait()
+                if stop is not None and stop.is_set():
+                    return
+                delay = min(delay * 2, self.elect_backoff_max_s)
+                continue
+            state = self.state
+            if (
+                state.leader_epoch == epoch
+                and state.leader_instance == self.instance
+                and not _rejected(state, offset)
+            ):
+                self.core.epoch = epoch
+                log.info("engine %s leads with epoch %d", self.instance, epoch)
+                return
+            self.core.epoch = 0
+            if state.leader_instance == self.instance:
+                log.error(
+                    "engine %s lost epoch %d to another engine named %s: give each engine"
+                    " its own --instance; this one decides nothing",
+                    self.instance,
+                    epoch,
+                    self.instance,
+                )
+            else:
+                log.info(
+                    "engine %s lost the election for epoch %d: %s leads with epoch %d",
+                    self.instance,
+                    epoch,
+                    state.leader_instance,
+                    state.leader_epoch,
+                )
+            return
 
     # ------------------------------------------------------------ tasks
 
@@ -149,12 +236,13 @@ class LiveEngine:
         """Run until ``stop`` is set; then cancel every task and return."""
         self._applied = asyncio.Condition()
         self._wake = asyncio.Event()
-        await self.restore()
+        if not await self.restore(stop):
+            return
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._follow())
                 if self.election:
-                    await self.elect()
+                    await self.elect(stop)
                 if ready is not None:
                     await ready()
                 group.create_task(self._reconcile(group))
@@ -167,6 +255,8 @@ class LiveEngine:
         async for batch in self.ledger.read(self.state.offset + 1, follow=True):
             for record in batch:
                 self.projection.apply_record(record)
+            # a backlog is read without suspending: let stop and the reconciler in
+            await asyncio.sleep(0)
             self._since_snapshot += len(batch)
             async with self._applied:
                 self._applied.notify_all()
@@ -185,8 +275,9 @@ class LiveEngine:
     async def append(self, events: Sequence[Event]) -> list[int]:
         return await self.ledger.append([Append(payload=encode_event(e)) for e in events])
 
-    async def append_applied(self, events: Sequence[Event]) -> None:
-        """Append ``events`` and wait until the follower has applied them.
+    async def append_applied(self, events: Sequence[Event]) -> int:
+        """Append ``events``, wait until the follower has applied them, and
+        return the first one's offset.
 
         The batch's last offset ends a batch, so every batch up to it has been
         applied whole (``EngineCore.sealed_through``).
@@ -194,16 +285,44 @@ class LiveEngine:
         offsets = await self.append(events)
         await self.applied_through(offsets[-1])
         self.core.sealed_through = max(self.core.sealed_through, offsets[-1])
+        return offsets[0]
 
     def is_leader(self) -> bool:
-        return not self.election or self.core.epoch == self.state.leader_epoch
+        """May this engine decide now (fire timers, sample clocks, drive evictions)?
+
+        With election: only while it holds the newest accepted epoch (won by
+        its own ``LeaderElected``, see :meth:`elect`). Without: only while no
+        instance holds any epoch; its decisions carry epoch 0, which the
+        projection refuses as stale once an elected leader exists, so
+        proposing them would only fill the ledger with refusals (DECISIONS 51).
+        """
+        if not self.election:
+            return self.state.leader_epoch == 0
+        return self.core.epoch > 0 and self.core.epoch == self.state.leader_epoch
+
+    def _check_leading(self) -> bool:
+        """:meth:`is_leader`, logging when it changes."""
+        leading = self.is_leader()
+        if leading != self._leading:
+            self._leading = leading
+            if leading:
+                log.info("engine %s decides (epoch %d)", self.instance, self.core.epoch)
+            else:
+                log.warning(
+                    "engine %s stops deciding: %s holds epoch %d (this engine: %d)",
+                    self.instance,
+                    self.state.leader_instance,
+                    self.state.leader_epoch,
+                    self.core.epoch,
+                )
+        return leading
 
     async def _reconcile(self, group: asyncio.TaskGroup) -> None:
         while True:
             timeout = self.idle_poll_s
             # A follower (not the leader) fires no timer: waking at a due deadline
             # it will not handle would spin.
-            deadline = self.core.next_deadline() if self.is_leader() else None
+            deadline = self.core.next_deadline() if self._check_leading() else None
             if deadline is not None:
                 timeout = max(0.0, min(timeout, (deadline - self.clock_ms()) / 1000))
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a
@@ -213,7 +332,7 @@ class LiveEngine:
                 async with asyncio.timeout(timeout):
                     await self._wake.wait()
             self._wake.clear()
-            if not self.is_leader():
+            if not self._check_leading():
                 continue
             await self.step(group)
 
@@ -240,7 +359,7 @@ class LiveEngine:
             events = self.core.propose(timer)
             if events:
                 await self.append_applied(events)
-                self.core.reopen_if_refused(timer, events)
+                self.core.reopen_if_refused(timer, events, now=self.clock_ms())
 
     async def _drive(self, eviction: EvictionRun) -> None:
         try:
@@ -252,6 +371,53 @@ class LiveEngine:
         finally:
             self._inflight.discard(eviction.eviction_id)
             self._wake.set()
+
+
+def _rejected(state: ProjectedState, offset: int) -> bool:
+    """Was the record at ``offset`` refused by the projection? (newest first)"""
+    for rejection in reversed(state.rejected):
+        if rejection.offset == offset:
+            return True
+        if rejection.offset < offset:
+            return False
+    return False
+
+
+class CatchUpProgress:
+    """Logs catch-up progress every ``every_s`` seconds (DESIGN §9 progress)."""
+
+    def __init__(self, instance: str, tail: int, every_s: float) -> None:
+        self.instance, self.tail, self.every_s = instance, tail, every_s
+        self.started = self.shown_at = time.monotonic()
+        self.records = 0
+        self.shown = False
+
+    def tick(self, offset: int, records: int) -> None:
+        self.records += records
+        now = time.monotonic()
+        if now - self.shown_at < self.every_s:
+            return
+        self.shown_at = now
+        self.shown = True
+        rate = self.records / max(now - self.started, 1e-9)
+        log.info(
+            "engine %s catching up: %d records folded, at offset %d of %d (%.0f records/s)",
+            self.instance,
+            self.records,
+            offset,
+            self.tail,
+            rate,
+        )
+
+    def done(self, offset: int) -> None:
+        if self.shown:
+            log.info(
+                "engine %s caught up: %d records in %.1f s, at offset %d",
+                self.instance,
+                self.records,
+                time.monotonic() - self.started,
+                offset,
+            )
 
 
 class _Stop(Exception):

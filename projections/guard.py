@@ -92,10 +92,12 @@ def current_used(state: ProjectedState, name: str) -> dict[str, int]:
 
 
 def on_leader(state: ProjectedState, event: LeaderElected) -> str | None:
-    """A new epoch must exceed the current one."""
+    """A new epoch must exceed the current one; the accepted claim's instance
+    holds it (two engines claiming the same epoch: the first one read wins)."""
     if event.epoch <= state.leader_epoch:
         return f"epoch: {event.epoch} is not newer than {state.leader_epoch}"
     state.leader_epoch = event.epoch
+    state.leader_instance = event.instance
     return None
 
 

@@ -49,6 +49,7 @@ class SnapshotBody(msgspec.Struct, kw_only=True):
     evicted_pods: dict[str, str]
     starving_since: dict[str, int]
     starving_held: list[str]
+    leader_instance: str = ""  # last: snapshots written before it still load
 
 
 _DECODER = msgspec.msgpack.Decoder(SnapshotBody)
@@ -82,6 +83,7 @@ def dump(state: ProjectedState) -> bytes:
         evicted_pods=dict(sorted(state.evicted_pods.items())),
         starving_since=dict(sorted(state.starving_since.items())),
         starving_held=sorted(state.starving_held),
+        leader_instance=state.leader_instance,
     )
     return _ENCODER.encode(body)
 
@@ -97,6 +99,7 @@ def load(blob: bytes) -> ProjectedState:
     state = ProjectedState.empty()
     state.ledger_id, state.offset, state.ts = body.ledger_id, body.offset, body.ts
     state.settings, state.leader_epoch = body.settings, body.leader_epoch
+    state.leader_instance = body.leader_instance
     for name, allocatable in body.nodes.items():
         state.nodes[name] = allocatable
         add_into(state.allocatable, allocatable)

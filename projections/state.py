@@ -141,6 +141,7 @@ class ProjectedState:
     ts: int = 0
     settings: Settings = field(default_factory=Settings)
     leader_epoch: int = 0
+    leader_instance: str = ""  # who holds ``leader_epoch`` (its accepted LeaderElected)
     nodes: dict[str, RL] = field(default_factory=dict)
     allocatable: RL = field(default_factory=dict)
     pods: dict[str, PodUpserted] = field(default_factory=dict)

@@ -108,7 +108,11 @@ def state_hash(state: ProjectedState, body: dict[str, Any] | None = None) -> str
     digest.update(_ENCODER.encode(state.settings))
     digest.update(_ENCODER.encode(state.nodes))
     digest.update(_ENCODER.encode(state.namespace_weights))
-    digest.update(_ENCODER.encode([state.leader_epoch, sorted(state.finished_preemptions)]))
+    digest.update(
+        _ENCODER.encode(
+            [state.leader_epoch, state.leader_instance, sorted(state.finished_preemptions)]
+        )
+    )
     digest.update(_ENCODER.encode(state.preemptions))
     digest.update(_ENCODER.encode(state.evictions))
     digest.update(_ENCODER.encode([state.owing_since, sorted(state.owing_held)]))

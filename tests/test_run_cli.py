@@ -31,8 +31,11 @@ def test_run_decides_overdue_preemption_and_drains_on_sigterm(
     )
     try:
         assert process.stderr is not None
-        line = process.stderr.readline()
-        assert "engine t1 running" in line
+        lines = [process.stderr.readline()]
+        while lines[-1] and "running on" not in lines[-1]:
+            lines.append(process.stderr.readline())
+        assert "engine t1 running" in lines[-1], lines
+        assert any("t1 leads with epoch 1" in line for line in lines), lines
         # the example's deadline (2026-01-01T00:06:00Z) is long past: it fires at once
         for _ in range(200):
             assert main(["replay", str(ledger), "--json", "--no-snapshot"]) == 0
