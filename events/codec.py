@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from .model import Event
+from .times import bounded_time
 
 _JSON_DECODER = msgspec.json.Decoder(Event)
 _JSON_ENCODER = msgspec.json.Encoder()
@@ -47,9 +48,16 @@ def peek_kind(payload: bytes | str) -> str | None:
 
 
 def decode_event(payload: bytes | str) -> Event:
-    """Decode one event (DESIGN §4), or raise :class:`EventError` naming the field."""
+    """Decode one event (DESIGN §4), or raise :class:`EventError` naming the field.
+
+    Bounds (§9) are applied here, so a fact the projection cannot hold never
+    reaches it: times within 1970 .. 9000 and made UTC when they carry no
+    offset, delays ≤ ten years, amounts ≤ 2^62 (see ``times`` and ``quantity``).
+    """
     try:
         event: Event = _JSON_DECODER.decode(payload)
+        if event.at is not None:
+            event.at = bounded_time("at", event.at)
         canonicalize = getattr(event, "canonicalize", None)
         if canonicalize is not None:
             canonicalize()
