@@ -435,6 +435,8 @@ def _with_ledger_records(path: Path, work: Callable[[RecordSource], Any]) -> Any
     if _is_jsonl(path):
         rows = _jsonl_ledger_records(path)
         return work(lambda start: rows[start:])
+    if not path.exists():
+        raise UserError(f"{path}: no such file")
 
     async def run() -> Any:
         from .sqlite_ledger import SqliteLedger
@@ -469,6 +471,8 @@ def _fold_for_whatif(path: Path, until: Until, args: argparse.Namespace) -> Proj
         projection = Projection()
         fold(projection, [_jsonl_ledger_records(path)], until)
         return projection
+    if not path.exists():
+        raise UserError(f"{path}: no such file")
     options = argparse.Namespace(no_snapshot=args.no_snapshot, progress=False)
     return asyncio.run(_fold_ledger(path, until, options))
 
