@@ -74,6 +74,18 @@ def _is_jsonl(path: Path) -> bool:
     return str(path) == STDIN or path.suffix.lower() in JSONL_SUFFIXES
 
 
+def _writable_ledger(path: Path) -> Path:
+    """A ledger a command will create or append to is a SQLite file: a JSONL
+    name there (``ingest ledger.db events.jsonl``, arguments swapped) or ``-``
+    is refused before anything is written (DECISIONS 37)."""
+    if _is_jsonl(path):
+        raise UserError(
+            f"{path}: a ledger is a SQLite file (e.g. ledger.db), not JSONL;"
+            " did you swap the arguments?"
+        )
+    return path
+
+
 def _check_end(until: Until, state_offset: int, option: str = "--until") -> None:
     """An offset past the end of the ledger is an error naming the last offset
     (DECISIONS 36); a time past the end is the end."""
@@ -236,10 +248,11 @@ async def _ingest(
 def cmd_ingest(args: argparse.Namespace) -> int:
     if args.from_line < 1:
         raise UserError(f"--from-line {args.from_line}: lines are numbered from 1")
+    _writable_ledger(Path(args.ledger))
     with open_jsonl(args.source, buffer_stdin=False) as source:
         try:
             count, last = asyncio.run(
-                _ingest(source, Path(args.ledger), args.strict, args.from_line)
+                _ingest(source, _writable_ledger(Path(args.ledger)), args.strict, args.from_line)
             )
         except IngestStopped as stop:
             where = "no ledger was created" if stop.last is None else f"last offset {stop.last}"
@@ -333,6 +346,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     if until.offset is not None:
         raise UserError("--until takes a time for simulate (RFC 3339)")
+    if args.out and _writable_ledger(Path(args.out)).exists():
+        raise UserError(f"{args.out}: already exists; --out writes a new ledger")
     with open_jsonl(args.source) as source:
         simulation = Simulation(executor=args.executor, ledger_id=source.ledger_id())
         lines = ((line.ts, line.payload) for line in read_lines(source, strict=args.strict))
@@ -388,6 +403,7 @@ async def _run_engine(args: argparse.Namespace) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     import logging
 
+    _writable_ledger(Path(args.ledger))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     asyncio.run(_run_engine(args))
     return 0

@@ -39,6 +39,7 @@ from quotaledger.events.model import (
     EvictionFailed,
     EvictionRequested,
     EvictionSucceeded,
+    FactRejected,
     PodUpserted,
     PreemptionFinished,
     PreemptionStarted,
@@ -360,7 +361,9 @@ class Auditor:
             self.main.apply(record.offset, record.ts, event)
         refused = [r for r in self.main.state.rejected[before:] if r.offset == record.offset]
         kind = kind_of(event) if event is not None else peek_kind(record.payload)
-        if refused and kind in DECISION_KINDS:
+        # A FactRejected record is accepted: the rejection it lists is the
+        # fact's, refused at the door (DECISIONS 31), not a refused decision.
+        if refused and kind in DECISION_KINDS and not isinstance(event, FactRejected):
             if finding is None:
                 finding = Finding(
                     record.offset,

@@ -65,7 +65,7 @@ def on_quota_change(
     if not (max_changed or delay_changed):
         return
     name = config.name
-    if config.preemption_delay_s <= 0:
+    if delay_ms(config) <= 0:  # also a NaN delay a struct built in Python may hold
         state.decrease_deadlines.pop(name, None)
         return
     if not delay_changed and only_raised(old_max, config.max):

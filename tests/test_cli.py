@@ -296,9 +296,7 @@ def test_bad_line_is_recorded_as_rejected_by_default(
     assert document["quotas"]["q"]["pods"] == ["p2"]
 
 
-def test_malformed_json_has_no_kind(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_malformed_json_has_no_kind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path / "bad.jsonl", NODE, "{not json", {"kind": "Nonsense"}, QUOTA)
     document = state(capsys, str(path))
     assert document["offset"] == 4
