@@ -350,7 +350,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise UserError(f"{args.out}: already exists; --out writes a new ledger")
     with open_jsonl(args.source) as source:
         simulation = Simulation(executor=args.executor, ledger_id=source.ledger_id())
-        lines = ((line.ts, line.payload) for line in read_lines(source, strict=args.strict))
+        lines = (
+            (line.ts, line.payload if line.rejected is None else line.payload_at)
+            for line in read_lines(source, strict=args.strict)
+        )
         simulation.run(lines, until=until.ts)
     if args.out:
         asyncio.run(_write_ledger(Path(args.out), simulation.ledger_id, simulation.records[1:]))

@@ -65,9 +65,21 @@ class JsonlError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Line:
+    """One non-blank line: its physical number, ts and record payload (for a bad
+    line, the ``FactRejected`` that replaces it, also kept as ``rejected``)."""
+
     number: int
     ts: int
     payload: bytes
+    rejected: FactRejected | None = None
+
+    def payload_at(self, offset: int) -> bytes:
+        """The payload for a record at ``offset``: a FactRejected names its own
+        record's offset (§8 rule 5), which only the appender knows when records
+        are interleaved (``simulate`` appends decisions between the lines)."""
+        if self.rejected is None or self.rejected.offset == offset:
+            return self.payload
+        return encode_event(msgspec.structs.replace(self.rejected, offset=offset))
 
 
 def ts_of(event: object, previous: int) -> int:
@@ -219,7 +231,7 @@ def read_lines(
                 rejected_kind=exc.kind,
                 raw=text.decode("utf-8", "replace"),
             )
-            yield Line(physical, ts, encode_event(rejected))
+            yield Line(physical, ts, encode_event(rejected), rejected)
             continue
         new_ts = ts_of(event, ts)
         ts = max(ts, new_ts)

@@ -681,3 +681,23 @@ def test_until_and_created_at_without_offset_are_utc(
     assert document["offset"] == 1
     assert document["time"] == "2026-01-01T00:00:00Z"
     assert datetime.fromisoformat("2026-01-01T00:00:00").tzinfo is None  # the input was naive
+
+
+def test_simulate_rejection_offset_is_its_records_offset(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Decisions come before the bad line: its FactRejected still names its own offset."""
+    path = tmp_path / "events.jsonl"
+    later = {"kind": "NodeRemoved", "name": "none", "at": "2026-01-01T00:07:00Z"}
+    path.write_text(QUOTA_DECREASE.read_text() + json.dumps(later) + "\n{broken\n")
+    out_ledger = tmp_path / "sim.db"
+    code, out, err = run(capsys, "simulate", str(path), "--json", "--out", str(out_ledger))
+    assert code == 0, err
+    result = json.loads(out)
+    assert "PreemptionStarted" in [decision["kind"] for decision in result["decisions"]]
+    [rejection] = result["state"]["rejected"]
+    payloads = dict(sqlite_payloads(out_ledger))
+    record = json.loads(payloads[rejection["offset"]])
+    assert record["kind"] == "FactRejected"
+    assert record["offset"] == rejection["offset"]
+    assert record["raw"] == "{broken"
