@@ -42,7 +42,7 @@ def peek_kind(payload: bytes | str) -> str | None:
     """The ``kind`` string of a JSON object, or None when there is none to read."""
     try:
         kind = _KIND_ONLY.decode(payload).kind
-    except (msgspec.DecodeError, TypeError):
+    except (msgspec.DecodeError, TypeError, ValueError):  # ValueError: invalid UTF-8
         return None
     return kind if isinstance(kind, str) else None
 
@@ -55,6 +55,10 @@ def decode_event(payload: bytes | str) -> Event:
     offset, delays ≤ ten years, amounts ≤ 2^62 (see ``times`` and ``quantity``).
     """
     try:
+        if isinstance(payload, bytes) and not payload.isascii():
+            # JSON text is UTF-8 (RFC 8259); msgspec checks the strings it keeps
+            # but skips unknown fields unchecked.
+            payload.decode("utf-8")
         event: Event = _JSON_DECODER.decode(payload)
         if event.at is not None:
             event.at = bounded_time("at", event.at)
@@ -66,6 +70,9 @@ def decode_event(payload: bytes | str) -> Event:
         raise EventError(str(exc), peek_kind(payload)) from None
     except msgspec.DecodeError as exc:
         raise EventError(f"malformed JSON: {exc}", None) from None
+    except UnicodeDecodeError as exc:
+        reason = f"malformed JSON: invalid UTF-8 at byte {exc.start}"
+        raise EventError(reason, peek_kind(payload)) from None
     except ValueError as exc:
         raise EventError(str(exc), peek_kind(payload)) from None
 
