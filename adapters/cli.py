@@ -541,6 +541,8 @@ EXAMPLES = """\
 examples:
   quotaledger replay examples/koordinator.jsonl           # fold a file, print the tree
   quotaledger replay examples/koordinator.jsonl --json    # the state JSON (DESIGN §7)
+  quotaledger replay events.jsonl --strict                # stop at the first bad line
+  cat events.jsonl | quotaledger replay -                 # - is standard input
   quotaledger replay ledger.db --until 1500               # state as of offset 1500
   quotaledger replay ledger.db --until 2026-01-01T12:00:00Z
   quotaledger ingest examples/koordinator.jsonl ledger.db # JSONL -> SQLite ledger
@@ -664,9 +666,13 @@ def build_parser() -> argparse.ArgumentParser:
     replay = commands.add_parser(
         "replay",
         help="fold a ledger or JSONL file and print the state",
-        description="Fold only (no reconcilers) and print the state: the tree, or --json.",
+        description="Fold only (no reconcilers) and print the state: the tree, or --json."
+        " A bad JSONL line is kept as a FactRejected record (listed in state.rejected) and"
+        " the replay goes on; --strict stops at it instead (exit 2).",
         epilog="examples:\n  quotaledger replay examples/koordinator.jsonl --json\n"
-        "  quotaledger replay ledger.db --until 1500\n",
+        "  quotaledger replay ledger.db --until 1500\n"
+        "  quotaledger replay events.jsonl --strict\n"
+        "  gunzip -c events.jsonl.gz | quotaledger replay - --json\n",
         formatter_class=raw,
     )
     _add_source(replay)
@@ -725,10 +731,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the whole engine on a virtual clock",
         description="Run reconcilers over FILE.jsonl on a virtual clock: timers fire exactly at"
         " their deadlines and the simulate executor answers each eviction at once. Prints"
-        ' {"decisions": [...], "state": {...}} with --json.',
+        ' {"decisions": [...], "state": {...}} with --json. A bad line is kept as a'
+        " FactRejected record and the run goes on; --strict stops at it instead (exit 2).",
         epilog="examples:\n  quotaledger simulate examples/quota-decrease.jsonl\n"
         "  quotaledger simulate examples/quota-decrease.jsonl --json --out sim.db\n"
-        "  quotaledger simulate events.jsonl --until 2026-01-01T01:00:00Z\n",
+        "  quotaledger simulate events.jsonl --until 2026-01-01T01:00:00Z\n"
+        "  quotaledger simulate - --json < events.jsonl\n",
         formatter_class=raw,
     )
     simulate.add_argument("source", help="FILE.jsonl of facts (- reads stdin)")

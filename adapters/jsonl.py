@@ -191,13 +191,18 @@ def ledger_id_for(path: Path) -> str:
     return "jsonl-" + digest.hexdigest()[:16]
 
 
+def _opened(source: JsonlInput | Path) -> JsonlInput:
+    return source if isinstance(source, JsonlInput) else open_jsonl(str(source))
+
+
 def read_lines(
-    source: JsonlInput,
+    source: JsonlInput | Path,
     *,
     strict: bool = False,
     first_offset: int = 1,
     from_line: int = 1,
     export: bool = False,
+    skip_invalid: bool | None = None,
 ) -> Iterator[Line]:
     """Validated lines with their ts.
 
@@ -208,7 +213,11 @@ def read_lines(
     ``from_line`` are skipped (a resumed ``ingest``); numbering stays physical.
     With ``export``, a first line that is a ``LedgerOpened`` (a ledger's export)
     is offset ``first_offset - 1``, and every line after it one less.
+    ``skip_invalid`` is the old spelling (``skip_invalid=False`` is ``strict``).
     """
+    if skip_invalid is not None:
+        strict = not skip_invalid
+    source = _opened(source)
     ts = 0
     number = 0
     for physical, raw in enumerate(source.physical_lines(), start=1):
@@ -238,11 +247,16 @@ def read_lines(
         yield Line(physical, new_ts, text)
 
 
-def records(source: JsonlInput, *, strict: bool = False) -> Iterator[Record]:
+def records(
+    source: JsonlInput | Path, *, strict: bool = False, skip_invalid: bool | None = None
+) -> Iterator[Record]:
     """The source as ledger records: ``LedgerOpened`` then one record per line.
 
     ts is clamped to be non-decreasing, as a ledger does (DESIGN §3).
     """
+    if skip_invalid is not None:
+        strict = not skip_invalid
+    source = _opened(source)
     opened = LedgerOpened(ledger_id=source.ledger_id())
     yield Record(offset=0, ts=0, payload=msgspec.json.encode(opened))
     last = 0

@@ -701,3 +701,22 @@ def test_simulate_rejection_offset_is_its_records_offset(
     assert record["kind"] == "FactRejected"
     assert record["offset"] == rejection["offset"]
     assert record["raw"] == "{broken"
+
+
+@pytest.mark.parametrize("option", ["--quotas", "--pods", "--nodes", "--events", "--rate"])
+def test_bench_sizes_must_be_positive(option: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """bench takes no file; its sizes are refused by name, never a traceback."""
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "fold", option, "0"])
+    assert exited.value.code == 2
+    assert f"argument {option}: must be at least 1" in capsys.readouterr().err
+
+
+def test_invalid_utf8_in_an_unknown_field_is_rejected(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b'{"kind": "NodeRemoved", "name": "n", "\xffnote": 1}\n')
+    [rejection] = replay_json(capsys, str(path))["rejected"]
+    assert rejection["kind"] == "NodeRemoved"
+    assert "invalid UTF-8 at byte 38" in rejection["reason"]
