@@ -60,8 +60,9 @@ def decode_event(payload: bytes | str) -> Event:
             # but skips unknown fields unchecked.
             payload.decode("utf-8")
         event: Event = _JSON_DECODER.decode(payload)
-        if event.at is not None:
-            event.at = bounded_time("at", event.at)
+        at = event.at
+        if at is not None and (at.tzinfo is None or not 1970 < at.year < 9000):
+            event.at = bounded_time("at", at)
         canonicalize = getattr(event, "canonicalize", None)
         if canonicalize is not None:
             canonicalize()

@@ -93,8 +93,9 @@ class PodUpserted(_Event, gc=False):
 
     def canonicalize(self) -> None:
         self.requests = canonical_list("requests", self.requests)  # type: ignore[arg-type]
-        if self.created_at is not None:
-            self.created_at = bounded_time("created_at", self.created_at)
+        created = self.created_at
+        if created is not None and (created.tzinfo is None or not 1970 < created.year < 9000):
+            self.created_at = bounded_time("created_at", created)
 
 
 class PodRemoved(_Event, gc=False):

@@ -52,6 +52,8 @@ def epoch_us(moment: datetime) -> int:
 
 def bounded_time(field: str, moment: datetime) -> datetime:
     """``moment`` as an aware time within the bounds, or ValueError naming ``$.field``."""
+    if moment.tzinfo is not None and 1970 < moment.year < 9000:
+        return moment  # the usual case, decided without arithmetic (offsets are < 1 day)
     moment = as_utc(moment)
     if not MIN_TIME <= moment <= MAX_TIME:
         raise ValueError(
