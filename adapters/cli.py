@@ -316,6 +316,8 @@ def describe_decision(decision: dict[str, Any]) -> str:
         return f"{head} {decision['queue']} {outcome}{reason}"
     if kind in ("EvictionSucceeded", "EvictionFailed"):
         return f"{head} {decision['eviction_id']}"
+    if kind == "FactRejected":
+        return f"{head} {decision.get('rejected_kind') or 'line'} refused: {decision['reason']}"
     return head
 
 
@@ -699,7 +701,7 @@ def build_parser() -> argparse.ArgumentParser:
         " before it are appended (whole lines only), and it prints how many and the"
         " --from-line to resume with once the line is fixed (exit 2).",
         epilog="examples:\n  quotaledger ingest events.jsonl ledger.db\n"
-        "  kubectl-export | quotaledger ingest - ledger.db\n"
+        "  zcat events.jsonl.gz | quotaledger ingest - ledger.db\n"
         "  quotaledger ingest events.jsonl ledger.db --strict\n"
         "  quotaledger ingest events.jsonl ledger.db --strict --from-line 1042\n",
         formatter_class=raw,
