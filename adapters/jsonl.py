@@ -106,6 +106,11 @@ class JsonlInput:
         self._head = head
         self._used = False
 
+    @property
+    def label(self) -> str:
+        """The name in messages: the path, or ``<stdin>``."""
+        return "<stdin>" if self.name == STDIN else self.name
+
     def physical_lines(self) -> Iterator[bytes]:
         """Every line of the source, with its newline, the BOM removed."""
         if self._used:
@@ -174,7 +179,7 @@ def open_jsonl(name: str, *, buffer_stdin: bool = True) -> JsonlInput:
             handle.close()
         line = head.count(b"\n", 0, nul) + 1
         raise JsonlError(
-            name,
+            "<stdin>" if name == STDIN else name,
             0,
             f"not a text file (a NUL byte at byte {nul}, line {line}); expected JSONL,"
             " one JSON event per line",
@@ -233,7 +238,7 @@ def read_lines(
             event = decode_event(text)
         except EventError as exc:
             if strict:
-                raise JsonlError(source.name, physical, exc.reason) from None
+                raise JsonlError(source.label, physical, exc.reason) from None
             rejected = FactRejected(
                 offset=first_offset + number - 1,
                 reason=f"line {physical}: {exc.reason}",
