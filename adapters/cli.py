@@ -24,14 +24,15 @@ from typing import Any, TextIO
 import msgspec
 
 from quotaledger.engine.fold_loop import Until, fold, parse_until
-from quotaledger.engine.render import tree_text
+from quotaledger.engine.render import amounts, tree_text
 from quotaledger.events.codec import encode_event, peek_kind
 from quotaledger.events.ledger import Append, LedgerError, Record, Snapshot
 from quotaledger.events.model import LedgerOpened
+from quotaledger.events.times import MAX_DELAY_S
 from quotaledger.projections import Projection, state_json
 from quotaledger.projections.snapshot import SnapshotError, dump, load
 
-from .jsonl import JsonlError, ledger_id_for, read_lines, records
+from .jsonl import STDIN, JsonlError, JsonlInput, Line, open_jsonl, read_lines, records
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 
@@ -161,7 +162,26 @@ def progress_for(label: str, total: int | None, args: argparse.Namespace | None)
 
 
 def _is_jsonl(path: Path) -> bool:
-    return path.suffix.lower() in JSONL_SUFFIXES
+    return str(path) == STDIN or path.suffix.lower() in JSONL_SUFFIXES
+
+
+def _writable_ledger(path: Path) -> Path:
+    """A ledger a command will create or append to is a SQLite file: a JSONL
+    name there (``ingest ledger.db events.jsonl``, arguments swapped) or ``-``
+    is refused before anything is written (DECISIONS 37)."""
+    if _is_jsonl(path):
+        raise UserError(
+            f"{path}: a ledger is a SQLite file (e.g. ledger.db), not JSONL;"
+            " did you swap the arguments?"
+        )
+    return path
+
+
+def _check_end(until: Until, state_offset: int, option: str = "--until") -> None:
+    """An offset past the end of the ledger is an error naming the last offset
+    (DECISIONS 36); a time past the end is the end."""
+    if until.offset is not None and state_offset < until.offset:
+        raise UserError(f"{option} {until.offset}: the ledger ends at offset {state_offset}")
 
 
 def _batched(items: Iterable[Record], size: int = 5000) -> Iterator[list[Record]]:
@@ -204,24 +224,27 @@ async def _fold_ledger(path: Path, until: Until, args: argparse.Namespace) -> Pr
 
 
 def fold_path(path: Path, args: argparse.Namespace) -> Projection:
-    """Fold a JSONL file or a SQLite ledger up to ``--until``."""
-    if not path.exists():
-        raise UserError(f"{path}: no such file")
+    """Fold a JSONL file (``-``: stdin) or a SQLite ledger up to ``--until``."""
     try:
         until = parse_until(args.until)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if _is_jsonl(path):
-        projection = Projection()
-        progress = progress_for(getattr(args, "command", None) or "replay", None, args)
-        stream: Iterable[Record] = records(path, skip_invalid=args.skip_invalid)
-        if until.offset is not None:
-            # Do not even read (and fail on) lines past the stop offset.
-            stream = itertools.islice(stream, until.offset + 1)
-        fold(projection, _batched(stream), until, progress)
-        progress.close()
-        return projection
-    return asyncio.run(_fold_ledger(path, until, args))
+        with open_jsonl(str(path)) as source:
+            projection = Projection()
+            progress = progress_for(getattr(args, "command", None) or "replay", None, args)
+            stream: Iterable[Record] = records(source, strict=args.strict)
+            if until.offset is not None:
+                # Do not even read (and fail on) lines past the stop offset.
+                stream = itertools.islice(stream, until.offset + 1)
+            fold(projection, _batched(stream), until, progress)
+            progress.close()
+    else:
+        if not path.exists():
+            raise UserError(f"{path}: no such file")
+        projection = asyncio.run(_fold_ledger(path, until, args))
+    _check_end(until, projection.state.offset)
+    return projection
 
 
 def _print_json(document: Any) -> None:
@@ -246,33 +269,65 @@ def cmd_tree(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _ingest(source: Path, target: Path, skip_invalid: bool) -> tuple[int, int]:
+class IngestStopped(UserError):
+    """``ingest --strict`` stopped at a bad line after appending the lines before it."""
+
+    def __init__(self, error: JsonlError, count: int, last: int | None) -> None:
+        super().__init__(str(error))
+        self.error, self.count, self.last = error, count, last
+
+
+async def _ingest(
+    source: JsonlInput, target: Path, strict: bool, from_line: int
+) -> tuple[int, int]:
+    """Append the source's lines to the ledger, whole lines only, in batches.
+
+    A new ledger is created only once the first line is known to be good (or
+    is kept as a FactRejected): a strict run that stops at line 1 leaves no
+    file behind. Stopped by a bad line under ``strict``, the lines before it
+    are appended and :class:`IngestStopped` says how many (DESIGN §9).
+    """
     from .sqlite_ledger import SqliteLedger
 
     new = not target.exists() or target.stat().st_size == 0
-    # A new ledger's LedgerOpened is stamped at the epoch, as in a JSONL replay:
-    # at the wall clock it would clamp every older `at` of the file up to now.
-    clock: dict[str, Any] = {"clock_ms": lambda: 0} if new else {}
-    ledger = await SqliteLedger.open(str(target), create=True, **clock)
+    ledger = None
+    count = 0
+    batch: list[Append] = []
     try:
-        count = 0
-        batch: list[Append] = []
-        first = await ledger.last_offset() + 1
+        if not new:
+            ledger = await SqliteLedger.open(str(target), create=True)
+        first = 1 if ledger is None else await ledger.last_offset() + 1
         progress = progress_for("ingest", None, None)
-        for line in read_lines(source, skip_invalid=skip_invalid, first_offset=first):
+        lines = read_lines(source, strict=strict, first_offset=first, from_line=from_line)
+        for line in lines:
+            if ledger is None:
+                # LedgerOpened of a new ledger is stamped at the epoch, as in a
+                # JSONL replay: the wall clock would clamp every older `at` up.
+                ledger = await SqliteLedger.open(str(target), create=True, clock_ms=lambda: 0)
             batch.append(Append(payload=line.payload, ts=line.ts))
             if len(batch) >= 1000:
                 await ledger.append(batch)
                 count += len(batch)
                 batch = []
                 progress(count)
+        if ledger is None:  # an empty input still initialises the ledger
+            ledger = await SqliteLedger.open(str(target), create=True, clock_ms=lambda: 0)
         if batch:
             await ledger.append(batch)
             count += len(batch)
         progress.close()
         return count, await ledger.last_offset()
+    except JsonlError as exc:
+        last = None
+        if ledger is not None:
+            if batch:
+                await ledger.append(batch)
+                count += len(batch)
+            last = await ledger.last_offset()
+        raise IngestStopped(exc, count, last) from None
     finally:
-        await ledger.close()
+        if ledger is not None:
+            await ledger.close()
 
 
 async def _tail(path: Path) -> int:
@@ -286,22 +341,33 @@ async def _tail(path: Path) -> int:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    source = Path(args.source)
-    if not source.exists():
-        raise UserError(f"{source}: no such file")
-    target = Path(args.ledger)
+    if args.from_line < 1:
+        raise UserError(f"--from-line {args.from_line}: lines are numbered from 1")
+    target = _writable_ledger(Path(args.ledger))
     # a new ledger's LedgerOpened (offset 0) is not one of the file's records
     before = asyncio.run(_tail(target)) if target.exists() and target.stat().st_size else 0
-    try:
-        count, last = asyncio.run(_ingest(source, target, args.skip_invalid))
-    except Interrupted as exc:
-        # Each batch is one transaction: what the ledger holds is whole batches.
-        last = asyncio.run(_tail(target)) if target.exists() else -1
-        exc.detail = (
-            f"appended {max(0, last - before)} record(s) to {args.ledger} before stopping;"
-            f" last offset {last}"
-        )
-        raise
+    with open_jsonl(args.source, buffer_stdin=False) as source:
+        try:
+            count, last = asyncio.run(_ingest(source, target, args.strict, args.from_line))
+        except IngestStopped as stop:
+            where = "no ledger was created" if stop.last is None else f"last offset {stop.last}"
+            resume = (
+                f"quotaledger ingest {args.source} {args.ledger}"
+                f" --from-line {stop.error.line} --strict"
+            )
+            raise UserError(
+                f"{stop.error}\nquotaledger: appended {stop.count} record(s) to {args.ledger}"
+                f" ({where}); line {stop.error.line} and after were not appended."
+                f" Fix the line, then resume with:\n  {resume}"
+            ) from None
+        except Interrupted as exc:
+            # Each batch is one transaction: what the ledger holds is whole batches.
+            last = asyncio.run(_tail(target)) if target.exists() else -1
+            exc.detail = (
+                f"appended {max(0, last - before)} record(s) to {args.ledger} before stopping;"
+                f" last offset {last}"
+            )
+            raise
     print(f"appended {count} record(s) to {args.ledger}; last offset {last}")
     return 0
 
@@ -341,7 +407,8 @@ def describe_decision(decision: dict[str, Any]) -> str:
     kind = decision["kind"]
     head = f"{decision['at']} #{decision['offset']} {kind}"
     if kind == "PreemptionStarted":
-        return f"{head} {decision['cause']} on {decision['queue']} target {decision['target']}"
+        target = amounts(decision["target"])
+        return f"{head} {decision['cause']} on {decision['queue']} target {target}"
     if kind == "EvictionRequested":
         explain = decision.get("explain", {})
         return (
@@ -350,10 +417,12 @@ def describe_decision(decision: dict[str, Any]) -> str:
         )
     if kind == "PreemptionFinished":
         reason = f" ({decision['reason']})" if decision.get("reason") else ""
-        outcome = f"{decision['outcome']} claimed {decision['claimed']}"
+        outcome = f"{decision['outcome']} claimed {amounts(decision['claimed'])}"
         return f"{head} {decision['queue']} {outcome}{reason}"
     if kind in ("EvictionSucceeded", "EvictionFailed"):
         return f"{head} {decision['eviction_id']}"
+    if kind == "FactRejected":
+        return f"{head} {decision.get('rejected_kind') or 'line'} refused: {decision['reason']}"
     return head
 
 
@@ -378,18 +447,21 @@ async def _write_ledger(path: Path, ledger_id: str, rows: list[Record]) -> None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from quotaledger.engine.simulate import Simulation
 
-    source = Path(args.source)
-    if not source.exists():
-        raise UserError(f"{source}: no such file")
     try:
         until = parse_until(args.until)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if until.offset is not None:
         raise UserError("--until takes a time for simulate (RFC 3339)")
-    simulation = Simulation(executor=args.executor, ledger_id=ledger_id_for(source))
-    lines = ((line.ts, line.payload) for line in read_lines(source, skip_invalid=args.skip_invalid))
-    simulation.run(lines, until=until.ts)
+    if args.out and _writable_ledger(Path(args.out)).exists():
+        raise UserError(f"{args.out}: already exists; --out writes a new ledger")
+    with open_jsonl(args.source) as source:
+        simulation = Simulation(executor=args.executor, ledger_id=source.ledger_id())
+        lines = (
+            (line.ts, line.payload if line.rejected is None else line.payload_at)
+            for line in read_lines(source, strict=args.strict)
+        )
+        simulation.run(lines, until=until.ts)
     if args.out:
         asyncio.run(_write_ledger(Path(args.out), simulation.ledger_id, simulation.records[1:]))
     result = simulation.result()
@@ -443,6 +515,7 @@ async def _run_engine(args: argparse.Namespace) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     import logging
 
+    _writable_ledger(Path(args.ledger))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     asyncio.run(_run_engine(args))
     return 0
@@ -454,13 +527,21 @@ def _jsonl_ledger_records(path: Path) -> list[Record]:
     A file exported from a ledger starts with its ``LedgerOpened``: that line is
     offset 0, so the decisions' ``basis`` offsets keep their meaning. Any other
     file gets a ``LedgerOpened`` at offset 0 and line n at offset n, as ``replay``.
+    A bad line is a ``FactRejected`` at its offset, as in ``replay`` (DECISIONS 31).
     """
-    lines = list(read_lines(path, skip_invalid=False))
-    if lines and peek_kind(lines[0].payload) == "LedgerOpened":
+    with open_jsonl(str(path)) as source:
+        ledger_id = source.ledger_id()
+        first_line_is_opened = False
+        lines: list[Line] = []
+        for line in read_lines(source, export=True):
+            if not lines and peek_kind(line.payload) == "LedgerOpened":
+                first_line_is_opened = True
+            lines.append(line)
+    if first_line_is_opened:
         head = Record(offset=0, ts=lines[0].ts, payload=lines[0].payload)
         lines = lines[1:]
     else:
-        opened = LedgerOpened(ledger_id=ledger_id_for(path))
+        opened = LedgerOpened(ledger_id=ledger_id)
         head = Record(offset=0, ts=0, payload=encode_event(opened))
     out = [head]
     last = head.ts
@@ -503,11 +584,11 @@ def _with_ledger_records(
     Read only: the SQLite file is opened through its own reader connections and
     nothing is appended, snapshotted or rewritten.
     """
-    if not path.exists():
-        raise UserError(f"{path}: no such file")
     if _is_jsonl(path):
         rows = _jsonl_ledger_records(path)
         return work(_with_progress(label, len(rows), lambda start: rows[start:]))
+    if not path.exists():
+        raise UserError(f"{path}: no such file")
 
     async def run() -> Any:
         from .sqlite_ledger import SqliteLedger
@@ -545,12 +626,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _fold_for_whatif(path: Path, until: Until, args: argparse.Namespace) -> Projection:
-    if not path.exists():
-        raise UserError(f"{path}: no such file")
     if _is_jsonl(path):
         projection = Projection()
         fold(projection, [_jsonl_ledger_records(path)], until)
         return projection
+    if not path.exists():
+        raise UserError(f"{path}: no such file")
     options = argparse.Namespace(no_snapshot=args.no_snapshot, progress=False)
     return asyncio.run(_fold_ledger(path, until, options))
 
@@ -559,24 +640,22 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     from quotaledger.engine.whatif import ChangeError, parse_duration, whatif, whatif_text
 
     try:
-        horizon = parse_duration(args.horizon)
-        until = parse_until(args.at)
+        horizon = parse_duration(args.horizon, "--horizon")
+        until = parse_until(args.at, "--at")
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    if horizon < 0:
-        raise UserError("--horizon must not be negative")
-    change_path = Path(args.change)
-    if not change_path.exists():
-        raise UserError(f"{change_path}: no such file")
-    changes = [(line.ts, line.payload) for line in read_lines(change_path, skip_invalid=False)]
+    if args.change == STDIN and args.ledger == STDIN:
+        raise UserError("LEDGER and --change cannot both be - (standard input)")
+    # Hypothetical facts are strict: a typo must not silently change nothing.
+    with open_jsonl(args.change) as change_source:
+        changes = [(line.ts, line.payload) for line in read_lines(change_source, strict=True)]
     projection = _fold_for_whatif(Path(args.ledger), until, args)
     state = projection.state
-    if until.offset is not None and state.offset < until.offset:
-        raise UserError(f"--at {until.offset}: the ledger ends at offset {state.offset}")
+    _check_end(until, state.offset, "--at")
     try:
         result = whatif(state, changes, at=until.ts, horizon_ms=horizon)
     except ChangeError as exc:
-        raise UserError(f"{change_path}: {exc}") from None
+        raise UserError(f"{args.change}: {exc}") from None
     if args.json:
         _print_json(result)
     else:
@@ -602,6 +681,8 @@ EXAMPLES = """\
 examples:
   quotaledger replay examples/koordinator.jsonl           # fold a file, print the tree
   quotaledger replay examples/koordinator.jsonl --json    # the state JSON (DESIGN §7)
+  quotaledger replay events.jsonl --strict                # stop at the first bad line
+  cat events.jsonl | quotaledger replay -                 # - is standard input
   quotaledger replay ledger.db --until 1500               # state as of offset 1500
   quotaledger replay ledger.db --until 2026-01-01T12:00:00Z
   quotaledger ingest examples/koordinator.jsonl ledger.db # JSONL -> SQLite ledger
@@ -615,14 +696,50 @@ examples:
 """
 
 
+STRICT_HELP = (
+    "stop at the first bad line with FILE:LINE and the field, exit 2 (default: keep the bad"
+    " line as a FactRejected record, listed in state.rejected, and go on)"
+)
+
+
+def _add_strict(parser: argparse.ArgumentParser) -> None:
+    """``--strict``, and ``--skip-invalid``: the old name of today's default, a hidden no-op."""
+    parser.add_argument("--strict", action="store_true", help=STRICT_HELP)
+    parser.add_argument("--skip-invalid", action="store_true", help=argparse.SUPPRESS)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value <= MAX_DELAY_S:
+        raise argparse.ArgumentTypeError(
+            f"must be more than 0 and at most {MAX_DELAY_S}, got {text}"
+        )
+    return value
+
+
 def _add_source(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", help="a SQLite ledger file, or FILE.jsonl of events")
-    parser.add_argument("--until", help="stop after this offset (inclusive) or RFC 3339 time")
     parser.add_argument(
-        "--skip-invalid",
-        action="store_true",
-        help="record a bad JSONL line as FactRejected and go on (default: stop with an error)",
+        "source", help="a SQLite ledger file, or FILE.jsonl of events (- reads stdin)"
     )
+    parser.add_argument(
+        "--until",
+        metavar="OFFSET|TIME",
+        help="stop after this offset (inclusive; beyond the end is an error) or RFC 3339 time",
+    )
+    _add_strict(parser)
     parser.add_argument(
         "--no-snapshot", action="store_true", help="fold from offset 0, ignoring snapshots"
     )
@@ -634,6 +751,46 @@ def _add_source(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("quotaledger")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+#: Options whose value may start with ``-`` (``--horizon -5m``, ``--at -3``):
+#: argparse would take such a value for an option; joined as ``--opt=value``
+#: it reaches the option, which refuses it with its own message.
+VALUE_OPTIONS = frozenset(
+    {"--until", "--at", "--horizon", "--stop-after", "--snapshot-every", "--from-line"}
+)
+
+
+def _join_dash_values(argv: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    items = list(argv)
+    index = 0
+    while index < len(items):
+        item = items[index]
+        following = items[index + 1] if index + 1 < len(items) else None
+        if (
+            item in VALUE_OPTIONS
+            and following is not None
+            and following.startswith("-")
+            and following != "-"
+            and following[1:2] not in ("-", "")
+            and not following[1:2].isalpha()
+        ):
+            out.append(f"{item}={following}")
+            index += 2
+            continue
+        out.append(item)
+        index += 1
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="quotaledger",
@@ -641,15 +798,22 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {_version()}", help="print the version"
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     raw = argparse.RawDescriptionHelpFormatter
 
     replay = commands.add_parser(
         "replay",
         help="fold a ledger or JSONL file and print the state",
-        description="Fold only (no reconcilers) and print the state: the tree, or --json.",
+        description="Fold only (no reconcilers) and print the state: the tree, or --json."
+        " A bad JSONL line is kept as a FactRejected record (listed in state.rejected) and"
+        " the replay goes on; --strict stops at it instead (exit 2).",
         epilog="examples:\n  quotaledger replay examples/koordinator.jsonl --json\n"
-        "  quotaledger replay ledger.db --until 1500\n",
+        "  quotaledger replay ledger.db --until 1500\n"
+        "  quotaledger replay events.jsonl --strict\n"
+        "  gunzip -c events.jsonl.gz | quotaledger replay - --json\n",
         formatter_class=raw,
     )
     _add_source(replay)
@@ -670,14 +834,26 @@ def build_parser() -> argparse.ArgumentParser:
     ingest = commands.add_parser(
         "ingest",
         help="append a JSONL file of events to a SQLite ledger",
-        description="Append events (each line's `at` becomes its ts) to a ledger, creating it.",
-        epilog="examples:\n  quotaledger ingest events.jsonl ledger.db\n",
+        description="Append events (each line's `at` becomes its ts) to a ledger, creating it."
+        " A bad line is appended as a FactRejected record (its raw text kept) and the lines"
+        " after it follow. With --strict, ingest stops at the first bad line: the lines"
+        " before it are appended (whole lines only), and it prints how many and the"
+        " --from-line to resume with once the line is fixed (exit 2).",
+        epilog="examples:\n  quotaledger ingest events.jsonl ledger.db\n"
+        "  zcat events.jsonl.gz | quotaledger ingest - ledger.db\n"
+        "  quotaledger ingest events.jsonl ledger.db --strict\n"
+        "  quotaledger ingest events.jsonl ledger.db --strict --from-line 1042\n",
         formatter_class=raw,
     )
-    ingest.add_argument("source", help="FILE.jsonl")
+    ingest.add_argument("source", help="FILE.jsonl (- reads stdin)")
     ingest.add_argument("ledger", help="SQLite ledger file (created if missing)")
+    _add_strict(ingest)
     ingest.add_argument(
-        "--skip-invalid", action="store_true", help="keep bad lines as FactRejected"
+        "--from-line",
+        metavar="N",
+        type=int,
+        default=1,
+        help="skip the physical lines before line N (resume a stopped --strict ingest)",
     )
     ingest.set_defaults(handler=cmd_ingest)
 
@@ -696,13 +872,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the whole engine on a virtual clock",
         description="Run reconcilers over FILE.jsonl on a virtual clock: timers fire exactly at"
         " their deadlines and the simulate executor answers each eviction at once. Prints"
-        ' {"decisions": [...], "state": {...}} with --json.',
+        ' {"decisions": [...], "state": {...}} with --json. A bad line is kept as a'
+        " FactRejected record and the run goes on; --strict stops at it instead (exit 2).",
         epilog="examples:\n  quotaledger simulate examples/quota-decrease.jsonl\n"
         "  quotaledger simulate examples/quota-decrease.jsonl --json --out sim.db\n"
-        "  quotaledger simulate events.jsonl --until 2026-01-01T01:00:00Z\n",
+        "  quotaledger simulate events.jsonl --until 2026-01-01T01:00:00Z\n"
+        "  quotaledger simulate - --json < events.jsonl\n",
         formatter_class=raw,
     )
-    simulate.add_argument("source", help="FILE.jsonl of facts")
+    simulate.add_argument("source", help="FILE.jsonl of facts (- reads stdin)")
     simulate.add_argument("--until", help="stop the virtual clock at this RFC 3339 time")
     simulate.add_argument("--json", action="store_true", help="print decisions and state as JSON")
     simulate.add_argument("--out", help="write the resulting ledger to a new SQLite file")
@@ -713,9 +891,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="simulate: evictions succeed at once; log: dry run, evictions fail"
         " (default: simulate)",
     )
-    simulate.add_argument(
-        "--skip-invalid", action="store_true", help="keep bad lines as FactRejected"
-    )
+    _add_strict(simulate)
     simulate.set_defaults(handler=cmd_simulate)
 
     run = commands.add_parser(
@@ -728,15 +904,32 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=raw,
     )
     run.add_argument("ledger", help="SQLite ledger file (created if missing)")
-    run.add_argument("--executor", choices=["simulate", "log"], default="simulate")
+    run.add_argument(
+        "--executor",
+        choices=["simulate", "log"],
+        default="simulate",
+        help="simulate: each eviction succeeds at once and the pod is removed; log: dry run,"
+        " evictions are logged and recorded as failed (default: simulate)",
+    )
     run.add_argument("--instance", default=f"engine-{os.getpid()}", help="this engine's name")
     run.add_argument(
         "--no-election",
         action="store_true",
         help="do not claim a leader epoch (several engines then all propose; the guard decides)",
     )
-    run.add_argument("--snapshot-every", type=int, default=50_000, help="records between snapshots")
-    run.add_argument("--stop-after", type=float, help="stop after this many seconds")
+    run.add_argument(
+        "--snapshot-every",
+        metavar="N",
+        type=_positive_int,
+        default=50_000,
+        help="records between snapshots (default: 50000)",
+    )
+    run.add_argument(
+        "--stop-after",
+        metavar="SECONDS",
+        type=_positive_seconds,
+        help="stop (and drain) after this many seconds (default: run until SIGTERM/SIGINT)",
+    )
     run.set_defaults(handler=cmd_run)
 
     audit = commands.add_parser(
@@ -796,10 +989,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--at", metavar="OFFSET|TIME", help="fork point (default: the end of the ledger)"
     )
     whatif.add_argument(
-        "--change", metavar="FILE.jsonl", required=True, help="hypothetical facts, one a line"
+        "--change",
+        metavar="FILE.jsonl",
+        required=True,
+        help="hypothetical facts, one a line (- reads stdin); a bad line is an error",
     )
     whatif.add_argument(
-        "--horizon", metavar="DURATION", default="1h", help="how far to simulate (default: 1h)"
+        "--horizon",
+        metavar="DURATION",
+        default="1h",
+        help="how far to simulate, at most 3650d (default: 1h)",
     )
     whatif.add_argument(
         "--json",
@@ -827,19 +1026,42 @@ def build_parser() -> argparse.ArgumentParser:
         " under background load, and simulate throughput",
     )
     bench.add_argument(
-        "--rate", type=int, default=10_000, help="decide: background events/s (default 10000)"
+        "--rate",
+        type=_positive_int,
+        default=10_000,
+        help="decide: background events/s (default 10000)",
     )
     bench.add_argument(
-        "--triggers", type=int, default=100, help="decide: quota decreases to time (default 100)"
+        "--triggers",
+        type=_positive_int,
+        default=100,
+        help="decide: quota decreases to time (default 100)",
     )
     bench.add_argument("--json", action="store_true", help="emit one JSON object")
-    bench.add_argument("--quotas", type=int, default=10_000)
-    bench.add_argument("--pods", type=int, default=100_000)
-    bench.add_argument("--nodes", type=int, default=1_000)
     bench.add_argument(
-        "--events", type=int, default=None, help="churn events (fold: 1000000; decide: 200000)"
+        "--quotas",
+        type=_positive_int,
+        default=10_000,
+        help="quotas of the generated tree (default 10000)",
     )
-    bench.add_argument("--seed", type=int, default=1)
+    bench.add_argument(
+        "--pods", type=_positive_int, default=100_000, help="pods created (default 100000)"
+    )
+    bench.add_argument(
+        "--nodes", type=_positive_int, default=1_000, help="nodes of the cluster (default 1000)"
+    )
+    bench.add_argument(
+        "--events",
+        type=_positive_int,
+        default=None,
+        help="churn events (fold: 1000000; decide: 200000)",
+    )
+    bench.add_argument(
+        "--seed",
+        type=int,
+        default=1,
+        help="seed of the workload generator: the same seed, the same events (default 1)",
+    )
     bench.set_defaults(handler=cmd_bench)
 
     from .importers.command import add_parser as add_import_parser
@@ -863,7 +1085,7 @@ def tune_gc() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     tune_gc()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_dash_values(sys.argv[1:] if argv is None else argv))
     if getattr(args, "handler", None) is None:
         parser.print_help()
         return 2
@@ -883,6 +1105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:  # an input path that is a directory, unreadable, ...
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"quotaledger: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -179,6 +179,9 @@ class SqliteLedger:
             raise LedgerError(f"no ledger at {fspath} (and create=False)")
         if os.path.isdir(fspath):
             raise LedgerError(f"cannot open ledger {fspath}: it is a directory")
+        if not create and os.path.getsize(fspath) == 0:
+            # Before connecting: setting WAL would write a header into the file.
+            raise LedgerError(f"{fspath} is an empty file, not a ledger (and create=False)")
         now = clock_ms()
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-ledger")
         loop = asyncio.get_running_loop()

@@ -39,6 +39,7 @@ from quotaledger.events.model import (
     EvictionFailed,
     EvictionRequested,
     EvictionSucceeded,
+    FactRejected,
     PodUpserted,
     PreemptionFinished,
     PreemptionStarted,
@@ -86,6 +87,20 @@ RecordSource = Callable[[int], Iterable[Record]]
 def num(resource: str, amount: int) -> str:
     """An amount without its resource name: ``80Gi``, ``1.5``, ``500m``."""
     return format_amount(resource, amount).removesuffix(f" {resource}")
+
+
+#: Names listed in a text line before "and N more".
+FIRST_FEW = 5
+
+
+def _first_few(names: list[str]) -> str:
+    """``a, b, c, d, e and 3,412 more (3,417)`` for a long list; the whole short one."""
+    if len(names) <= FIRST_FEW:
+        return ", ".join(names)
+    return (
+        ", ".join(names[:FIRST_FEW])
+        + f" and {len(names) - FIRST_FEW:,} more ({len(names):,} in all)"
+    )
 
 
 def _rl(values: Mapping[str, int] | None) -> str:
@@ -187,6 +202,9 @@ class Finding:
     pod_uid: str | None = None
     explanation: str = ""
     problems: list[str] = field(default_factory=list)
+    #: A shorter explanation for the text report, when the full one is long
+    #: (a ClocksObserved naming thousands of quotas); JSON keeps the full one.
+    summary: str | None = None
 
     @property
     def justified(self) -> bool:
@@ -206,7 +224,7 @@ class Finding:
         }
 
     def text(self) -> str:
-        lines = [("FLAGGED " if self.problems else "") + self.explanation]
+        lines = [("FLAGGED " if self.problems else "") + (self.summary or self.explanation)]
         lines.extend(f"  ! {problem}" for problem in self.problems)
         return "\n".join(lines)
 
@@ -343,7 +361,9 @@ class Auditor:
             self.main.apply(record.offset, record.ts, event)
         refused = [r for r in self.main.state.rejected[before:] if r.offset == record.offset]
         kind = kind_of(event) if event is not None else peek_kind(record.payload)
-        if refused and kind in DECISION_KINDS:
+        # A FactRejected record is accepted: the rejection it lists is the
+        # fact's, refused at the door (DECISIONS 31), not a refused decision.
+        if refused and kind in DECISION_KINDS and not isinstance(event, FactRejected):
             if finding is None:
                 finding = Finding(
                     record.offset,
@@ -383,18 +403,22 @@ class Auditor:
         (DECISIONS 13): the clocks that justify revoke and reclaim deadlines."""
         finding = Finding(record.offset, record.ts, "ClocksObserved")
         parts = []
+        short = []
         for label, started, stopped in (
             ("owing", event.owing_started, event.owing_stopped),
             ("starving", event.starving_started, event.starving_stopped),
         ):
             if started:
-                parts.append(
-                    f"{label} from now: "
-                    + ", ".join(f"{k} (since {rfc3339(v)})" for k, v in sorted(started.items()))
-                )
+                names = [f"{k} (since {rfc3339(v)})" for k, v in sorted(started.items())]
+                parts.append(f"{label} from now: " + ", ".join(names))
+                short.append(f"{label} from now: " + _first_few(names))
             if stopped:
                 parts.append(f"{label} no more: " + ", ".join(sorted(stopped)))
-        finding.explanation = f"{head} clocks sampled at basis #{event.basis}: " + "; ".join(parts)
+                short.append(f"{label} no more: " + _first_few(sorted(stopped)))
+        lead = f"{head} clocks sampled at basis #{event.basis}: "
+        finding.explanation = lead + "; ".join(parts)
+        if short != parts:
+            finding.summary = lead + "; ".join(short) + " (audit --json lists all)"
         if not 0 <= event.basis < record.offset:
             finding.problems.append(
                 f"basis #{event.basis} is not a record before this one (#{record.offset})"

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
 from quotaledger.events.ledger import Record
+from quotaledger.events.times import epoch_ms
 from quotaledger.projections import Projection
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,21 +27,23 @@ class Until:
         return self.ts is not None and record.ts > self.ts
 
 
-def parse_until(text: str | None) -> Until:
-    """``123`` is an offset; anything else must be an RFC 3339 time."""
+def parse_until(text: str | None, option: str = "--until") -> Until:
+    """``123`` is an offset; anything else must be an RFC 3339 time (UTC when it
+    has no offset). Errors name ``option`` (``--until``, ``--at``)."""
     if text is None:
         return Until()
-    if text.isdigit():
-        return Until(offset=int(text))
+    spec = text.strip()
+    if spec.isascii() and spec.isdigit():
+        return Until(offset=int(spec))
+    if spec.startswith("-") and spec[1:].isascii() and spec[1:].isdigit():
+        raise ValueError(f"{option} {text}: an offset must not be negative")
     try:
-        moment = datetime.fromisoformat(text)
+        moment = datetime.fromisoformat(spec)
     except ValueError:
-        raise ValueError(f"--until: {text!r} is neither an offset nor an RFC 3339 time") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
+        raise ValueError(f"{option}: {text!r} is neither an offset nor an RFC 3339 time") from None
     # Exact integer milliseconds, as the JSONL reader computes a record's ts
     # (float ``timestamp() * 1000`` is off by one for some times).
-    return Until(ts=(moment - _EPOCH) // timedelta(milliseconds=1))
+    return Until(ts=epoch_ms(moment))
 
 
 def fold(

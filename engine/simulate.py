@@ -16,7 +16,7 @@ N+1, N+2, ... and its clock starts at the projection's ts.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -121,14 +121,23 @@ class Simulation:
                 return
             self.fire_due(max(deadline, self.now))
 
-    def run(self, lines: Iterable[tuple[int, bytes]], until: int | None = None) -> None:
-        """Feed ``(ts, payload)`` facts in order, firing timers between them."""
+    def run(
+        self,
+        lines: Iterable[tuple[int, bytes | Callable[[int], bytes]]],
+        until: int | None = None,
+    ) -> None:
+        """Feed ``(ts, payload)`` facts in order, firing timers between them.
+
+        A payload may be a function of the offset its record gets (a
+        ``FactRejected`` names its own offset; decisions may come first)."""
         for ts, payload in lines:
             if until is not None and ts > until:
                 break
             if ts > self.now:
                 self.observe(self.now)
             self.run_timers(before=ts)
+            if not isinstance(payload, bytes):
+                payload = payload(self.projection.state.offset + 1)
             self.append(ts, payload)
             self.act(self.now)
         self.observe(self.now)

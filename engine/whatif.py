@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from quotaledger.events.codec import decode_event, to_builtins
@@ -23,6 +24,7 @@ from quotaledger.events.model import (
     is_fact,
     kind_of,
 )
+from quotaledger.events.times import MAX_DELAY_S
 from quotaledger.projections import ProjectedState, Projection, rfc3339, state_json
 from quotaledger.projections.snapshot import dump, load
 
@@ -32,27 +34,40 @@ from .simulate import Simulation
 #: Default horizon: one hour.
 DEFAULT_HORIZON_MS = 3_600_000
 
+#: The longest horizon: ten years, the bound of every delay (DESIGN §9), so
+#: fork time + horizon is always a valid time.
+MAX_HORIZON_MS = MAX_DELAY_S * 1000
+
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
 
-def parse_duration(text: str) -> int:
-    """``90s``, ``30m``, ``2h``, ``1d``, ``1h30m``, ``500ms``, or bare seconds -> ms."""
+def parse_duration(text: str, option: str = "duration") -> int:
+    """``90s``, ``30m``, ``2h``, ``1d``, ``1h30m``, ``500ms``, or bare seconds -> ms.
+
+    Exact (no float): a negative duration, or one above :data:`MAX_HORIZON_MS`
+    (ten years), is a ValueError naming ``option``.
+    """
     spec = text.strip().lower()
-    if re.fullmatch(r"\d+(?:\.\d+)?", spec):
-        return round(float(spec) * 1000)
-    pos = 0
-    total = 0.0
-    for match in _PART.finditer(spec):
-        if match.start() != pos:
-            break
-        total += float(match[1]) * _UNITS_MS[match[2]]
-        pos = match.end()
-    if not spec or pos != len(spec):
-        raise ValueError(
-            f"duration {text!r}: expected a number with a unit (ms, s, m, h, d),"
-            " e.g. 90s, 30m, 2h, 1d, 1h30m"
-        )
+    if spec.startswith("-"):
+        raise ValueError(f"{option} {text}: must not be negative")
+    total = Fraction(0)
+    if re.fullmatch(r"\d+(?:\.\d+)?", spec, flags=re.ASCII):
+        total = Fraction(spec) * 1000
+    else:
+        pos = 0
+        for match in _PART.finditer(spec):
+            if match.start() != pos:
+                break
+            total += Fraction(match[1]) * _UNITS_MS[match[2]]
+            pos = match.end()
+        if not spec or pos != len(spec):
+            raise ValueError(
+                f"{option} {text!r}: expected a number with a unit (ms, s, m, h, d),"
+                " e.g. 90s, 30m, 2h, 1d, 1h30m"
+            )
+    if total > MAX_HORIZON_MS:
+        raise ValueError(f"{option} {text}: at most 3650d (ten years)")
     return round(total)
 
 

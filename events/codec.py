@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from .model import Event
+from .times import bounded_time
 
 _JSON_DECODER = msgspec.json.Decoder(Event)
 _JSON_ENCODER = msgspec.json.Encoder()
@@ -41,15 +42,27 @@ def peek_kind(payload: bytes | str) -> str | None:
     """The ``kind`` string of a JSON object, or None when there is none to read."""
     try:
         kind = _KIND_ONLY.decode(payload).kind
-    except (msgspec.DecodeError, TypeError):
+    except (msgspec.DecodeError, TypeError, ValueError):  # ValueError: invalid UTF-8
         return None
     return kind if isinstance(kind, str) else None
 
 
 def decode_event(payload: bytes | str) -> Event:
-    """Decode one event (DESIGN §4), or raise :class:`EventError` naming the field."""
+    """Decode one event (DESIGN §4), or raise :class:`EventError` naming the field.
+
+    Bounds (§9) are applied here, so a fact the projection cannot hold never
+    reaches it: times within 1970 .. 9000 and made UTC when they carry no
+    offset, delays ≤ ten years, amounts ≤ 2^62 (see ``times`` and ``quantity``).
+    """
     try:
+        if isinstance(payload, bytes) and not payload.isascii():
+            # JSON text is UTF-8 (RFC 8259); msgspec checks the strings it keeps
+            # but skips unknown fields unchecked.
+            payload.decode("utf-8")
         event: Event = _JSON_DECODER.decode(payload)
+        at = event.at
+        if at is not None and (at.tzinfo is None or not 1970 < at.year < 9000):
+            event.at = bounded_time("at", at)
         canonicalize = getattr(event, "canonicalize", None)
         if canonicalize is not None:
             canonicalize()
@@ -58,6 +71,9 @@ def decode_event(payload: bytes | str) -> Event:
         raise EventError(str(exc), peek_kind(payload)) from None
     except msgspec.DecodeError as exc:
         raise EventError(f"malformed JSON: {exc}", None) from None
+    except UnicodeDecodeError as exc:
+        reason = f"malformed JSON: invalid UTF-8 at byte {exc.start}"
+        raise EventError(reason, peek_kind(payload)) from None
     except ValueError as exc:
         raise EventError(str(exc), peek_kind(payload)) from None
 

@@ -22,6 +22,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from .quantity import canonical_list
+from .times import MAX_DELAY_S, MAX_INT, bounded_time
 
 if TYPE_CHECKING:
     #: After decoding, every amount of a fact is a canonical integer.
@@ -35,7 +36,13 @@ else:
 #: A resource list: resource name -> canonical amount (DESIGN §2).
 RL = dict[str, int]
 InputRL = dict[str, InputAmount]
-NonNegativeSeconds = Annotated[float, Meta(ge=0)]
+#: A delay in seconds: 0 .. ten years (§8 rule 3, §9 bounds).
+NonNegativeSeconds = Annotated[float, Meta(ge=0, le=MAX_DELAY_S)]
+#: Any other integer: bounded so that every state a fold can hold encodes
+#: (snapshots, JSON) and stays exact (§9; DECISIONS 33).
+BoundedInt = Annotated[int, Meta(ge=-MAX_INT, le=MAX_INT)]
+#: A pod priority is a Kubernetes int32.
+Priority = Annotated[int, Meta(ge=-(2**31), le=2**31 - 1)]
 PodPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
 
 
@@ -73,7 +80,7 @@ class PodUpserted(_Event, gc=False):
     name: str
     namespace: str
     requests: InputRL = {}
-    priority: int = 0
+    priority: Priority = 0
     phase: PodPhase = "Pending"
     node: str | None = None
     quota: str | None = None
@@ -86,6 +93,9 @@ class PodUpserted(_Event, gc=False):
 
     def canonicalize(self) -> None:
         self.requests = canonical_list("requests", self.requests)  # type: ignore[arg-type]
+        created = self.created_at
+        if created is not None and (created.tzinfo is None or not 1970 < created.year < 9000):
+            self.created_at = bounded_time("created_at", created)
 
 
 class PodRemoved(_Event, gc=False):
@@ -119,7 +129,7 @@ class QuotaRemoved(_Event, gc=False):
 
 class NamespaceWeighted(_Event, gc=False):
     namespace: str
-    weight: Annotated[int, Meta(ge=1)]
+    weight: Annotated[int, Meta(ge=1, le=MAX_INT)]
 
 
 class SettingsChanged(_Event, gc=False):
@@ -145,14 +155,14 @@ class LedgerOpened(_Event, gc=False):
 
 
 class LeaderElected(_Event, gc=False):
-    epoch: int
+    epoch: BoundedInt
     instance: str
 
 
 class FactRejected(_Event, gc=False):
     """A fact refused at the door. ``raw`` keeps the refused text: nothing is lost."""
 
-    offset: int
+    offset: BoundedInt
     reason: str
     rejected_kind: str | None = None
     raw: str | None = None
@@ -166,12 +176,12 @@ class ClocksObserved(_Event, gc=False):
     the engine owns time.
     """
 
-    basis: int
-    owing_started: dict[str, int] = {}
+    basis: BoundedInt
+    owing_started: dict[str, BoundedInt] = {}
     owing_stopped: list[str] = []
-    starving_started: dict[str, int] = {}
+    starving_started: dict[str, BoundedInt] = {}
     starving_stopped: list[str] = []
-    epoch: int = 0
+    epoch: BoundedInt = 0
 
 
 class PreemptionStarted(_Event, gc=False):
@@ -179,8 +189,8 @@ class PreemptionStarted(_Event, gc=False):
     queue: str
     cause: PreemptionCause
     target: RL
-    basis: int
-    epoch: int = 0
+    basis: BoundedInt
+    epoch: BoundedInt = 0
     pod_uid: str | None = None  # reclaim: the starving pod
 
 
@@ -190,7 +200,7 @@ class EvictionRequested(_Event, gc=False):
     pod_uid: str
     queue: str
     explain: dict[str, Any] = {}
-    epoch: int = 0
+    epoch: BoundedInt = 0
     instance: str = ""  # the engine that proposed it, and drives it
 
 
@@ -209,7 +219,7 @@ class PreemptionFinished(_Event, gc=False):
     outcome: PreemptionOutcome
     claimed: RL = {}
     reason: str = ""
-    epoch: int = 0
+    epoch: BoundedInt = 0
 
 
 Fact = Union[

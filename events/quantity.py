@@ -2,7 +2,10 @@
 
 Every amount is an integer in canonical units: ``cpu`` in millicores, every
 other resource in its base unit (bytes, count). Fractions are rounded *up*, as
-Kubernetes rounds a request it has to represent in a coarser unit.
+Kubernetes rounds a request it has to represent in a coarser unit. An amount
+above :data:`MAX_AMOUNT` (2^62, about 4.6 EiB) after canonicalisation is
+refused (DESIGN §9 bounds): ``20Ei`` of memory or ``2**80`` cpu is an input
+error naming its field, never a number the state has to carry.
 """
 
 from __future__ import annotations
@@ -11,6 +14,9 @@ import re
 from collections.abc import Iterable
 from fractions import Fraction
 from functools import lru_cache
+
+#: The largest amount a resource list may hold, in canonical units (§9).
+MAX_AMOUNT = 2**62
 
 #: Resources whose canonical unit is a thousandth of the written unit.
 MILLI_RESOURCES = frozenset({"cpu"})
@@ -64,8 +70,19 @@ def canonical_amount(resource: str, value: int | float | str) -> int:
 
     ``value`` is a Kubernetes quantity string or a JSON number in the written
     unit (``4`` cpu is 4000 millicores). Negative, non-finite and boolean values
-    are refused with :class:`QuantityError`.
+    are refused with :class:`QuantityError`, and so is an amount above
+    :data:`MAX_AMOUNT` in canonical units.
     """
+    amount = _canonical_amount(resource, value)
+    if amount > MAX_AMOUNT:
+        written = repr(value)
+        if len(written) > 40:
+            written = written[:37] + "..."
+        raise QuantityError(f"amount {written} is above the limit of 2^62 ({MAX_AMOUNT})")
+    return amount
+
+
+def _canonical_amount(resource: str, value: int | float | str) -> int:
     if isinstance(value, bool):
         raise QuantityError(f"expected a quantity, got {value!r}")
     scale = 1000 if resource in MILLI_RESOURCES else 1

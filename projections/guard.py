@@ -20,6 +20,7 @@ from quotaledger.events.model import (
     PreemptionStarted,
     QuotaUpserted,
 )
+from quotaledger.events.times import seconds_ms
 
 from .resources import fits
 from .state import EvictionRun, PreemptionRun, ProjectedState
@@ -43,8 +44,9 @@ def only_raised(old: Mapping[str, int] | None, new: Mapping[str, int] | None) ->
 
 
 def delay_ms(config: QuotaUpserted) -> int:
-    """§8 rule 3: ``round(delay × 1000)`` ms."""
-    return round(config.preemption_delay_s * 1000)
+    """§8 rule 3: ``round(delay × 1000)`` ms, clamped to the §9 bound (decoding
+    refuses more; a struct built otherwise must still give a valid deadline)."""
+    return seconds_ms(config.preemption_delay_s)
 
 
 def on_quota_change(
@@ -63,7 +65,7 @@ def on_quota_change(
     if not (max_changed or delay_changed):
         return
     name = config.name
-    if config.preemption_delay_s <= 0:
+    if delay_ms(config) <= 0:  # also a NaN delay a struct built in Python may hold
         state.decrease_deadlines.pop(name, None)
         return
     if not delay_changed and only_raised(old_max, config.max):

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from quotaledger.events.model import PodUpserted
+from quotaledger.events.times import epoch_us
 
 from .clocks import owed
 from .derive import settle
@@ -40,11 +41,13 @@ class Plan(msgspec.Struct):
     pod_uid: str | None = None
 
 
-def _created_key(pod: PodUpserted, younger_first: bool) -> tuple[int, float]:
-    """§8 rule 25: a null ``created_at`` counts as oldest."""
+def _created_key(pod: PodUpserted, younger_first: bool) -> tuple[int, int]:
+    """§8 rule 25: a null ``created_at`` counts as oldest. Exact integer
+    microseconds, a time without offset being UTC (§9): never the machine's
+    local zone, so the order is the same on every machine."""
     if pod.created_at is None:
-        return (1, 0.0) if younger_first else (0, 0.0)
-    stamp = pod.created_at.timestamp()
+        return (1, 0) if younger_first else (0, 0)
+    stamp = epoch_us(pod.created_at)
     return (0, -stamp) if younger_first else (1, -stamp)
 
 

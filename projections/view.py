@@ -10,7 +10,6 @@ engine at the same offset agree, and a rejected fact leaves the hash unchanged.
 from __future__ import annotations
 
 import hashlib
-from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -25,11 +24,39 @@ _ENCODER = msgspec.json.Encoder(order="sorted")
 
 
 def rfc3339(ts_ms: int) -> str:
-    """A ledger ts as RFC 3339 UTC; milliseconds only when not whole seconds."""
-    moment = datetime.fromtimestamp(ts_ms / 1000, tz=UTC)
-    if ts_ms % 1000:
-        return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts_ms % 1000:03d}Z"
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+    """A ledger ts as RFC 3339 UTC; milliseconds only when not whole seconds.
+
+    Exact integer arithmetic on the proleptic Gregorian calendar, for any
+    integer: decoding bounds every time to 1970 .. 9000 (§9), but whatever ts a
+    state holds (a deadline, a ledger written by something else), rendering it
+    must not fail. A year outside 0000 .. 9999 is written with its sign and all
+    its digits (the extended form of ISO 8601), so it is still unambiguous.
+    """
+    days, ms = divmod(ts_ms, 86_400_000)
+    seconds, milli = divmod(ms, 1000)
+    minutes, second = divmod(seconds, 60)
+    hour, minute = divmod(minutes, 60)
+    year, month, day = _civil(days)
+    sign = "" if 0 <= year <= 9999 else ("+" if year > 0 else "-")
+    text = f"{sign}{abs(year):04d}" if not sign else f"{sign}{abs(year):06d}"
+    text += f"-{month:02d}-{day:02d}T{hour:02d}:{minute:02d}:{second:02d}"
+    return text + (f".{milli:03d}Z" if milli else "Z")
+
+
+def _civil(days: int) -> tuple[int, int, int]:
+    """Year, month and day of ``days`` since 1970-01-01 (proleptic Gregorian;
+    the civil-from-days algorithm over 400-year eras of 146,097 days)."""
+    days += 719_468  # days from 0000-03-01 to 1970-01-01
+    era, day_of_era = divmod(days, 146_097)
+    year_of_era = (
+        day_of_era - day_of_era // 1460 + day_of_era // 36_524 - day_of_era // 146_096
+    ) // 365
+    day_of_year = day_of_era - (365 * year_of_era + year_of_era // 4 - year_of_era // 100)
+    shifted_month = (5 * day_of_year + 2) // 153  # March = 0
+    day = day_of_year - (153 * shifted_month + 2) // 5 + 1
+    month = shifted_month + 3 if shifted_month < 10 else shifted_month - 9
+    year = year_of_era + era * 400 + (1 if month <= 2 else 0)
+    return year, month, day
 
 
 def _config_rl(amounts: RL | None) -> RL | None:

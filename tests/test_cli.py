@@ -249,11 +249,11 @@ def bad_file(tmp_path: Path) -> Path:
     )
 
 
-def test_bad_line_stops_replay_naming_file_line_and_field(
+def test_strict_bad_line_stops_replay_naming_file_line_and_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = bad_file(tmp_path)
-    code, out, err = run(capsys, "replay", str(path), "--json")
+    code, out, err = run(capsys, "replay", str(path), "--json", "--strict")
     assert code == 2
     assert f"{path}:3:" in err
     assert "$.requests.cpu" in err
@@ -272,17 +272,19 @@ def test_bad_line_past_until_offset_is_not_read(
 
 def test_malformed_json_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path / "bad.jsonl", NODE, '{"kind": "PodRemoved", "uid": ')
-    code, _, err = run(capsys, "tree", str(path))
+    code, _, err = run(capsys, "tree", str(path), "--strict")
     assert code == 2
     assert f"{path}:2:" in err
     assert "malformed JSON" in err
 
 
-def test_skip_invalid_records_the_rejection(
+def test_bad_line_is_recorded_as_rejected_by_default(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = bad_file(tmp_path)
-    document = state(capsys, str(path), "--skip-invalid")
+    document = state(capsys, str(path))
+    # --skip-invalid, the old name of today's default, is still accepted.
+    assert state(capsys, str(path), "--skip-invalid") == document
     assert document["offset"] == 4
     assert len(document["rejected"]) == 1
     rejection = document["rejected"][0]
@@ -294,11 +296,9 @@ def test_skip_invalid_records_the_rejection(
     assert document["quotas"]["q"]["pods"] == ["p2"]
 
 
-def test_skip_invalid_malformed_json_has_no_kind(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_malformed_json_has_no_kind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path / "bad.jsonl", NODE, "{not json", {"kind": "Nonsense"}, QUOTA)
-    document = state(capsys, str(path), "--skip-invalid")
+    document = state(capsys, str(path))
     assert document["offset"] == 4
     assert [(r["offset"], r["kind"]) for r in document["rejected"]] == [
         (2, None),
@@ -313,7 +313,7 @@ def test_rejected_fact_leaves_the_hash_unchanged(
     good = write(tmp_path / "good.jsonl", NODE, QUOTA, pod("p2"))
     bad = write(tmp_path / "bad.jsonl", NODE, QUOTA, pod("p1", requests={"cpu": -1}), pod("p2"))
     expected = state(capsys, str(good))
-    got = state(capsys, str(bad), "--skip-invalid")
+    got = state(capsys, str(bad))
     assert got["quotas"] == expected["quotas"]
 
 
@@ -451,7 +451,7 @@ def test_console_script_replay_json(tmp_path: Path) -> None:
 def test_console_script_bad_line_exits_2(tmp_path: Path) -> None:
     path = bad_file(tmp_path)
     done = subprocess.run(
-        [str(EXE), "replay", str(path)],
+        [str(EXE), "replay", str(path), "--strict"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -557,14 +557,14 @@ def test_ledger_until_matches_the_file_with_and_without_snapshots(
 
 
 @sqlite
-def test_ingest_skip_invalid_into_existing_ledger_keeps_ledger_offsets(
+def test_ingest_bad_line_into_existing_ledger_keeps_ledger_offsets(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     first = write(tmp_path / "first.jsonl", NODE, QUOTA)
     second = write(tmp_path / "second.jsonl", pod("p1"), pod("p2", requests={"cpu": "x"}))
     ledger = tmp_path / "ledger.db"
     assert run(capsys, "ingest", str(first), str(ledger))[0] == 0
-    code, _, err = run(capsys, "ingest", str(second), str(ledger), "--skip-invalid")
+    code, _, err = run(capsys, "ingest", str(second), str(ledger))
     assert code == 0, err
     document = state(capsys, str(ledger))
     assert document["offset"] == 4
@@ -577,9 +577,11 @@ def test_ingest_strict_refuses_a_bad_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ledger = tmp_path / "ledger.db"
-    code, _, err = run(capsys, "ingest", str(bad_file(tmp_path)), str(ledger))
+    code, _, err = run(capsys, "ingest", str(bad_file(tmp_path)), str(ledger), "--strict")
     assert code == 2
     assert ":3:" in err
+    assert "appended 2 record(s)" in err
+    assert "--from-line 3" in err
     assert "$.requests.cpu" in err
     assert "Traceback" not in err
 

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quotaledger.events.quantity import (
+    MAX_AMOUNT,
     QuantityError,
     canonical_amount,
     canonical_list,
@@ -135,15 +136,40 @@ def test_canonical_list_error_names_field_and_resource(
     resource=st.sampled_from(RESOURCES),
 )
 def test_suffixes_multiply_exactly(n: int, suffix: str, resource: str) -> None:
-    assert canonical_amount(resource, f"{n}{suffix}") == n * SUFFIXES[suffix] * scale(resource)
+    expected = n * SUFFIXES[suffix] * scale(resource)
+    if expected <= MAX_AMOUNT:
+        assert canonical_amount(resource, f"{n}{suffix}") == expected
+    else:  # DESIGN §9: above 2^62 is refused
+        with pytest.raises(QuantityError, match="2\\^62"):
+            canonical_amount(resource, f"{n}{suffix}")
 
 
 @NO_DEADLINE
 @given(amount=st.integers(min_value=0, max_value=10**24))
 def test_integer_string_round_trip(amount: int) -> None:
+    if amount > MAX_AMOUNT:  # DESIGN §9: above 2^62 is refused, whatever the form
+        for resource, value in (("memory", str(amount)), ("gpu", str(amount)), ("memory", amount)):
+            with pytest.raises(QuantityError, match="above the limit"):
+                canonical_amount(resource, value)
+        return
     assert canonical_amount("memory", str(amount)) == amount
     assert canonical_amount("nvidia.com/gpu", str(amount)) == amount
     assert canonical_amount("memory", amount) == amount
+
+
+@pytest.mark.parametrize(
+    ("resource", "value"),
+    [("memory", "20Ei"), ("cpu", 2**80), ("cpu", "4611686018427388"), ("memory", 2**62 + 1)],
+)
+def test_amounts_above_2_62_are_refused_naming_the_field(resource: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"`\\$.allocatable.{resource}`"):
+        canonical_list("allocatable", {resource: value})  # type: ignore[dict-item]
+
+
+def test_the_largest_amount_is_accepted() -> None:
+    assert canonical_amount("memory", 2**62) == MAX_AMOUNT
+    assert canonical_amount("memory", "4Ei") == MAX_AMOUNT
+    assert canonical_amount("cpu", "4611686018427387904m") == MAX_AMOUNT
 
 
 @NO_DEADLINE
