@@ -278,7 +278,7 @@ class IngestStopped(UserError):
 
 
 async def _ingest(
-    source: JsonlInput, target: Path, strict: bool, from_line: int
+    source: JsonlInput, target: Path, strict: bool, from_line: int, resume: dict[int, int]
 ) -> tuple[int, int]:
     """Append the source's lines to the ledger, whole lines only, in batches.
 
@@ -286,6 +286,10 @@ async def _ingest(
     is kept as a FactRejected): a strict run that stops at line 1 leaves no
     file behind. Stopped by a bad line under ``strict``, the lines before it
     are appended and :class:`IngestStopped` says how many (DESIGN §9).
+
+    ``resume`` receives, for each batch before it is appended, the ledger's
+    last offset once that batch is in -> the physical line to resume from, so
+    an interrupted run can name its ``--from-line`` from what the ledger holds.
     """
     from .sqlite_ledger import SqliteLedger
 
@@ -297,6 +301,7 @@ async def _ingest(
         if not new:
             ledger = await SqliteLedger.open(str(target), create=True)
         first = 1 if ledger is None else await ledger.last_offset() + 1
+        resume[first - 1] = from_line
         progress = progress_for("ingest", None, None)
         lines = read_lines(source, strict=strict, first_offset=first, from_line=from_line)
         for line in lines:
@@ -305,6 +310,7 @@ async def _ingest(
                 # JSONL replay: the wall clock would clamp every older `at` up.
                 ledger = await SqliteLedger.open(str(target), create=True, clock_ms=lambda: 0)
             batch.append(Append(payload=line.payload, ts=line.ts))
+            resume[first + count + len(batch) - 1] = line.number + 1
             if len(batch) >= 1000:
                 await ledger.append(batch)
                 count += len(batch)
@@ -346,9 +352,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     target = _writable_ledger(Path(args.ledger))
     # a new ledger's LedgerOpened (offset 0) is not one of the file's records
     before = asyncio.run(_tail(target)) if target.exists() and target.stat().st_size else 0
+    resume: dict[int, int] = {}
     with open_jsonl(args.source, buffer_stdin=False) as source:
         try:
-            count, last = asyncio.run(_ingest(source, target, args.strict, args.from_line))
+            count, last = asyncio.run(_ingest(source, target, args.strict, args.from_line, resume))
         except IngestStopped as stop:
             where = "no ledger was created" if stop.last is None else f"last offset {stop.last}"
             resume = (
@@ -367,6 +374,11 @@ def cmd_ingest(args: argparse.Namespace) -> int:
                 f"appended {max(0, last - before)} record(s) to {args.ledger} before stopping;"
                 f" last offset {last}"
             )
+            if last in resume:
+                exc.detail += (
+                    f"; resume with: quotaledger ingest {args.source} {args.ledger}"
+                    f" --from-line {resume[last]}"
+                )
             raise
     print(f"appended {count} record(s) to {args.ledger}; last offset {last}")
     return 0

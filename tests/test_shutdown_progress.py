@@ -12,6 +12,7 @@ exits 0), leaving a ledger that opens and replays.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -217,8 +218,22 @@ def test_ingest_stops_on_sigterm_between_whole_batches(big: dict[str, Path]) -> 
     match = re.search(r"stopped by SIGTERM; appended (\d+) record\(s\)", err)
     assert match is not None, err
     assert int(match.group(1)) == appended
-    # the ledger opens and replays, and ingest resumes on it
-    assert main(["replay", str(target), "--json"]) == 0
+    # the ledger opens and replays, and the printed --from-line resumes it
+    # exactly: the whole ledger then folds to the file's own state hash
+    resume = re.search(r"--from-line (\d+)", err)
+    assert resume is not None, err
+    assert main(["ingest", str(big["jsonl"]), str(target), "--from-line", resume.group(1)]) == 0
+    assert _records(target) - 1 == RECORDS
+    assert _hash_of(str(target)) == _hash_of(str(big["jsonl"]))
+
+
+def _hash_of(source: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "quotaledger.adapters.cli", "replay", source, "--json"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    return str(json.loads(out)["hash"])
 
 
 @pytest.mark.slow
