@@ -22,11 +22,12 @@ import msgspec
 
 from quotaledger.engine.fold_loop import Until, fold, parse_until
 from quotaledger.engine.render import tree_text
+from quotaledger.engine.restore import ChainedFold, Restored, fold_records, restore
 from quotaledger.events.codec import encode_event, peek_kind
 from quotaledger.events.ledger import Append, LedgerError, Record, Snapshot
-from quotaledger.events.model import LedgerOpened
-from quotaledger.projections import Projection, state_json
-from quotaledger.projections.snapshot import SnapshotError, dump, load
+from quotaledger.events.model import LedgerDigest, LedgerOpened
+from quotaledger.projections import Projection, state_hash, state_json
+from quotaledger.projections.snapshot import SnapshotError, dump
 
 from .jsonl import JsonlError, ledger_id_for, read_lines, records
 
@@ -90,37 +91,30 @@ def _progress_enabled(args: argparse.Namespace) -> bool:
     return sys.stderr.isatty()
 
 
-async def _fold_ledger(path: Path, until: Until, args: argparse.Namespace) -> Projection:
+def warn(message: str) -> None:
+    """One warning line on stderr (the command goes on)."""
+    print(f"quotaledger: warning: {message}", file=sys.stderr, flush=True)
+
+
+async def _fold_ledger(path: Path, until: Until, args: argparse.Namespace) -> Restored:
     from .sqlite_ledger import SqliteLedger
 
-    ledger = await SqliteLedger.open(str(path), create=False)
+    ledger = await SqliteLedger.open(str(path), read_only=True)
     try:
-        projection = Projection()
-        start = 0
-        if not args.no_snapshot:
-            snapshot = await ledger.load_snapshot(until.offset)
-            if snapshot is not None:
-                state = load(snapshot.blob)
-                if state.ledger_id != ledger.ledger_id:
-                    raise LedgerError(
-                        f"snapshot at {snapshot.offset} belongs to ledger {state.ledger_id},"
-                        f" not {ledger.ledger_id}"
-                    )
-                if until.ts is None or state.ts <= until.ts:
-                    projection = Projection(state)
-                    start = snapshot.offset + 1
         total = await ledger.last_offset() + 1
         progress = Progress("replay", total, sys.stderr, _progress_enabled(args))
         progress.started = time.monotonic()
-        fold(projection, ledger.iter_batches(start), until, progress)
+        restored = await restore(
+            ledger, until=until, use_snapshot=not args.no_snapshot, warn=warn, progress=progress
+        )
         progress.close()
-        return projection
+        return restored
     finally:
         await ledger.close()
 
 
-def fold_path(path: Path, args: argparse.Namespace) -> Projection:
-    """Fold a JSONL file or a SQLite ledger up to ``--until``."""
+def fold_path(path: Path, args: argparse.Namespace) -> Restored:
+    """Fold a JSONL file or a SQLite ledger up to ``--until`` (with the digest chain)."""
     if not path.exists():
         raise UserError(f"{path}: no such file")
     try:
@@ -128,16 +122,16 @@ def fold_path(path: Path, args: argparse.Namespace) -> Projection:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if _is_jsonl(path):
-        projection = Projection()
+        chained = ChainedFold(Projection(), on_mismatch=warn)
         size = path.stat().st_size
         progress = Progress("replay", None, sys.stderr, _progress_enabled(args) and size > 1 << 24)
         stream: Iterable[Record] = records(path, skip_invalid=args.skip_invalid)
         if until.offset is not None:
             # Do not even read (and fail on) lines past the stop offset.
             stream = itertools.islice(stream, until.offset + 1)
-        fold(projection, _batched(stream), until, progress)
+        fold_records(chained, _batched(stream), until, progress)
         progress.close()
-        return projection
+        return Restored(chained)
     return asyncio.run(_fold_ledger(path, until, args))
 
 
@@ -148,18 +142,24 @@ def _print_json(document: Any) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    projection = fold_path(Path(args.source), args)
-    document = state_json(projection.state)
+    restored = fold_path(Path(args.source), args)
+    document = state_json(restored.projection.state)
     if args.json:
-        _print_json(document)
+        # DESIGN §9: the digest of the last record folded, next to the state hash.
+        with_digest: dict[str, Any] = {}
+        for key, value in document.items():
+            with_digest[key] = value
+            if key == "hash":
+                with_digest["digest"] = restored.digest
+        _print_json(with_digest)
     else:
         print(tree_text(document))
     return 0
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
-    projection = fold_path(Path(args.source), args)
-    print(tree_text(state_json(projection.state)))
+    restored = fold_path(Path(args.source), args)
+    print(tree_text(state_json(restored.projection.state)))
     return 0
 
 
@@ -199,20 +199,22 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 async def _snapshot(path: Path) -> tuple[int, str]:
+    """Fold to the tail (from a verified snapshot), anchor the state in the ledger
+    with a ``LedgerDigest`` and store the snapshot with its digest and hash."""
     from .sqlite_ledger import SqliteLedger
 
     ledger = await SqliteLedger.open(str(path), create=False)
     try:
-        projection = Projection()
-        snapshot = await ledger.load_snapshot(None)
-        start = 0
-        if snapshot is not None:
-            projection = Projection(load(snapshot.blob))
-            start = snapshot.offset + 1
-        fold(projection, ledger.iter_batches(start))
-        state = projection.state
-        await ledger.save_snapshot(Snapshot(offset=state.offset, blob=dump(state)))
-        return state.offset, state_json(state)["hash"]
+        restored = await restore(ledger, warn=warn)
+        state = restored.projection.state
+        digest = restored.digest
+        hashed = state_hash(state)
+        anchor = LedgerDigest(through=state.offset, digest=digest, state_hash=hashed)
+        await ledger.append([Append(payload=encode_event(anchor))])
+        await ledger.save_snapshot(
+            Snapshot(offset=state.offset, blob=dump(state), digest=digest, state_hash=hashed)
+        )
+        return state.offset, hashed
     finally:
         await ledger.close()
 
@@ -313,6 +315,7 @@ async def _run_engine(args: argparse.Namespace) -> None:
         instance=args.instance,
         election=not args.no_election,
         snapshot_every=args.snapshot_every,
+        digest_every=args.digest_every,
     )
 
     async def ready() -> None:
@@ -376,7 +379,7 @@ def _with_ledger_records(path: Path, work: Callable[[RecordSource], Any]) -> Any
     async def run() -> Any:
         from .sqlite_ledger import SqliteLedger
 
-        ledger = await SqliteLedger.open(str(path), create=False)
+        ledger = await SqliteLedger.open(str(path), read_only=True)
         try:
             return work(lambda start: itertools.chain.from_iterable(ledger.iter_batches(start)))
         finally:
@@ -409,7 +412,7 @@ def _fold_for_whatif(path: Path, until: Until, args: argparse.Namespace) -> Proj
         fold(projection, [_jsonl_ledger_records(path)], until)
         return projection
     options = argparse.Namespace(no_snapshot=args.no_snapshot, progress=False)
-    return asyncio.run(_fold_ledger(path, until, options))
+    return asyncio.run(_fold_ledger(path, until, options)).projection
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
@@ -592,6 +595,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not claim a leader epoch (several engines then all propose; the guard decides)",
     )
     run.add_argument("--snapshot-every", type=int, default=50_000, help="records between snapshots")
+    run.add_argument(
+        "--digest-every",
+        type=int,
+        default=10_000,
+        help="records between LedgerDigest records (DESIGN §9; default 10000)",
+    )
     run.add_argument("--stop-after", type=float, help="stop after this many seconds")
     run.set_defaults(handler=cmd_run)
 

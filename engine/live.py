@@ -31,19 +31,22 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from quotaledger.events.codec import encode_event
-from quotaledger.events.ledger import Append, Ledger, LedgerMismatch, Snapshot
+from quotaledger.events.ledger import Append, Ledger, Snapshot
 from quotaledger.events.model import (
     Event,
     EvictionFailed,
     EvictionSucceeded,
     LeaderElected,
+    LedgerDigest,
     PodRemoved,
 )
-from quotaledger.projections import Projection
-from quotaledger.projections.snapshot import dump, load
+from quotaledger.projections import Projection, state_hash
+from quotaledger.projections.snapshot import dump
 from quotaledger.projections.state import EvictionRun, ProjectedState
 
 from .core import EngineCore
+from .restore import ChainedFold
+from .restore import restore as restore_ledger
 
 log = logging.getLogger("quotaledger.engine")
 
@@ -94,6 +97,7 @@ class LiveEngine:
     instance: str = "engine"
     election: bool = True
     snapshot_every: int = 50_000
+    digest_every: int = 10_000
     clock_ms: Callable[[], int] = wall_clock_ms
     idle_poll_s: float = 0.5
     projection: Projection = field(default_factory=Projection)
@@ -102,11 +106,14 @@ class LiveEngine:
     _wake: asyncio.Event = field(init=False)
     _inflight: set[str] = field(default_factory=set)
     _since_snapshot: int = 0
+    _since_digest: int = 0
+    fold: ChainedFold = field(init=False)
     observe_every_ms: int = 1000
     _observed_at: int = 0
 
     def __post_init__(self) -> None:
         self.core = EngineCore(self.projection, instance=self.instance)
+        self.fold = ChainedFold(self.projection, on_mismatch=log.warning)
 
     @property
     def state(self) -> ProjectedState:
@@ -115,23 +122,14 @@ class LiveEngine:
     # ------------------------------------------------------------ start-up
 
     async def restore(self) -> None:
-        """Load the newest snapshot, then fold the ledger to its tail."""
-        snapshot = await self.ledger.load_snapshot(None)
-        if snapshot is not None:
-            state = load(snapshot.blob)
-            if state.ledger_id != self.ledger.ledger_id:
-                raise LedgerMismatch(
-                    f"snapshot belongs to ledger {state.ledger_id}, not {self.ledger.ledger_id}"
-                )
-            self.projection = Projection(state)
-            self.core = EngineCore(self.projection, instance=self.instance)
-        async for batch in self.ledger.read(self.state.offset + 1):
-            for record in batch:
-                self.projection.apply_record(record)
-        if self.state.ledger_id not in (None, self.ledger.ledger_id):
-            raise LedgerMismatch(
-                f"state of ledger {self.state.ledger_id} cannot follow {self.ledger.ledger_id}"
-            )
+        """The state at the ledger's tail, through the one restore path
+        (:func:`quotaledger.engine.restore.restore`: a verified snapshot or a
+        full replay, with the digest chain)."""
+        restored = await restore_ledger(self.ledger, warn=log.warning)
+        self.fold = restored.fold
+        self.fold.on_mismatch = log.warning
+        self.projection = restored.projection
+        self.core = EngineCore(self.projection, instance=self.instance)
         # A read to the tail ends on a committed transaction: every batch is whole.
         self.core.sealed_through = self.state.offset
 
@@ -165,17 +163,36 @@ class LiveEngine:
 
     async def _follow(self) -> None:
         async for batch in self.ledger.read(self.state.offset + 1, follow=True):
+            apply = self.fold.apply
             for record in batch:
-                self.projection.apply_record(record)
+                apply(record)
             self._since_snapshot += len(batch)
+            self._since_digest += len(batch)
             async with self._applied:
                 self._applied.notify_all()
             self._wake.set()
             if self._since_snapshot >= self.snapshot_every:
-                self._since_snapshot = 0
-                await self.ledger.save_snapshot(
-                    Snapshot(offset=self.state.offset, blob=dump(self.state))
-                )
+                await self.checkpoint(snapshot=True)
+            elif self._since_digest >= self.digest_every:
+                await self.checkpoint(snapshot=False)
+
+    async def checkpoint(self, *, snapshot: bool) -> None:
+        """DESIGN §9: append ``LedgerDigest{through, digest, state_hash}`` for the
+        state just folded (only a writer that may append: the leader, or any
+        engine with election off), and with ``snapshot`` store a snapshot
+        carrying the same digest and state hash."""
+        self._since_digest = 0
+        if snapshot:
+            self._since_snapshot = 0
+        state = self.state
+        through, digest, hashed = state.offset, self.fold.chain.hex, state_hash(state)
+        if self.is_leader():
+            anchor = LedgerDigest(through=through, digest=digest, state_hash=hashed)
+            await self.append([anchor])
+        if snapshot:
+            await self.ledger.save_snapshot(
+                Snapshot(offset=through, blob=dump(state), digest=digest, state_hash=hashed)
+            )
 
     async def applied_through(self, offset: int) -> None:
         """Wait until the follower has applied ``offset``."""

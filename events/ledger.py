@@ -42,10 +42,18 @@ class LedgerMismatch(LedgerError):
 
 
 class Snapshot(msgspec.Struct, frozen=True, gc=False):
-    """Projected state folded through ``offset`` (inclusive), opaque bytes."""
+    """Projected state folded through ``offset`` (inclusive), opaque bytes.
+
+    A snapshot is a cache, never evidence (DESIGN §9): ``digest`` (hex of the
+    chain digest ``d(offset)``) and ``state_hash`` (the state hash at
+    ``offset``) let a reader verify it before use. A snapshot without them
+    (written by an older version) cannot be verified and is not used.
+    """
 
     offset: int
     blob: bytes
+    digest: str | None = None
+    state_hash: str | None = None
 
 
 class Ledger(Protocol):
