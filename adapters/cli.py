@@ -388,20 +388,87 @@ def _with_ledger_records(path: Path, work: Callable[[RecordSource], Any]) -> Any
     return asyncio.run(run())
 
 
+def _parse_digests(values: Sequence[str] | None) -> dict[int, bytes]:
+    """``--digest OFFSET:HEX`` values (DESIGN §9: a digest kept elsewhere)."""
+    from quotaledger.events.digest import parse_digest
+
+    digests: dict[int, bytes] = {}
+    for value in values or ():
+        offset, sep, text = value.partition(":")
+        if not sep or not offset.strip().isdigit():
+            raise UserError(f"--digest {value!r}: expected OFFSET:HEX, e.g. 1200:9f86d0...")
+        try:
+            digests[int(offset)] = parse_digest(text)
+        except ValueError as exc:
+            raise UserError(f"--digest {value!r}: {exc}") from None
+    return digests
+
+
+def _audit_segment_job(path: str, start: int, end: int) -> Any:
+    """A worker process of ``audit --jobs``: one segment (picklable by name)."""
+    from quotaledger.engine.audit import audit_segment
+
+    tune_gc()
+    return _with_ledger_records(Path(path), lambda source: audit_segment(source, start, end))
+
+
+def _audit_parallel(path: Path, jobs: int, digests: dict[int, bytes]) -> Any:
+    """``audit --jobs N``: the digest chain in one cheap pass here, the decisions in
+    N segments in parallel processes, each starting from the fold of the records
+    before it, its start state hash checked against the previous segment's end
+    (DECISIONS 45). Any disagreement falls back to one process."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from quotaledger.engine.audit import (
+        SegmentMismatch,
+        audit,
+        chain_pass,
+        merge_segments,
+        segments,
+    )
+
+    def single() -> Any:
+        return _with_ledger_records(path, lambda source: audit(source, digests=digests))
+
+    chained = _with_ledger_records(path, lambda source: chain_pass(source, digests))
+    if chained.damage or chained.last_offset < 1:
+        return single()
+    ranges = segments(chained.last_offset, jobs)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=len(ranges), mp_context=context) as pool:
+        futures = [pool.submit(_audit_segment_job, str(path), a, b) for a, b in ranges]
+        results = [future.result() for future in futures]
+    try:
+        return merge_segments(chained, results)
+    except SegmentMismatch as exc:
+        warn(f"{exc}; auditing in one process instead")
+        return single()
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
     from quotaledger.engine.audit import audit
+    from quotaledger.engine.audit_words import report_json, report_text
 
-    report = _with_ledger_records(Path(args.ledger), audit)
+    digests = _parse_digests(args.digest)
+    if args.jobs < 1:
+        raise UserError("--jobs must be at least 1")
+    if args.jobs > 1:
+        report = _audit_parallel(Path(args.ledger), args.jobs, digests)
+    else:
+        report = _with_ledger_records(
+            Path(args.ledger), lambda source: audit(source, digests=digests)
+        )
     if args.pod is not None:
         report = report.for_pod(args.pod)
     if args.json:
-        document = report.to_json()
+        document = report_json(report)
         if args.pod is not None:
             document["pod"] = args.pod
         _print_json(document)
     else:
-        print(report.text())
-    return 1 if report.flagged else 0
+        print(report_text(report))
+    return 1 if report.failed else 0
 
 
 def _fold_for_whatif(path: Path, until: Until, args: argparse.Namespace) -> Projection:
@@ -611,12 +678,16 @@ def build_parser() -> argparse.ArgumentParser:
         " why this pod, why now, used/runtime/max/guaranteed), each re-derived from the facts"
         " before it (its basis): the timer was armed and due, the target and the victims and"
         " their order are what the rules give, the outcome follows from the evictions'"
-        " outcomes. A decision the facts do not justify, or that the ledger's guard refused,"
-        " is FLAGGED.\n\n"
+        " outcomes. A decision the facts do not justify is FLAGGED; one the ledger's guard"
+        " refused (a second engine's late proposal, a stale epoch) is listed as REFUSED and"
+        " counted apart: the guard working is not a failure. Audit never starts from a"
+        " snapshot: it folds from offset 0, checks the digest chain (DESIGN §9) against every"
+        " LedgerDigest record and every --digest, and names the records that changed.\n\n"
         "LEDGER is a SQLite ledger (e.g. `simulate --out`) or a JSONL file holding decisions"
         " (an export starting with its LedgerOpened line keeps its offsets). Read only.\n\n"
-        "exit status: 0 when no decision is flagged, 1 when at least one is (with --pod: one"
-        " of that pod's), 2 on bad input.",
+        "exit status: 0 when no decision is flagged and every digest matches; 1 when an"
+        " accepted decision is flagged (with --pod: one of that pod's) or the records do not"
+        " match a digest (tampering, removed records); 2 on bad input or an unreadable file.",
         epilog="examples:\n"
         "  quotaledger simulate examples/quota-decrease.jsonl --out sim.db\n"
         "  quotaledger audit sim.db\n"
@@ -634,8 +705,23 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument(
         "--json",
         action="store_true",
-        help='print {"decisions": [{offset, at, kind, queue, explanation, justified,'
-        ' problems}], "flagged": n}',
+        help='print {"decisions": [{offset, at, kind, queue, explanation, justified, refused,'
+        ' problems, problem_data}], "flagged": n, "refused": n, "digests": [...], "tampered":'
+        ' n, "last_offset", "digest"}',
+    )
+    audit.add_argument(
+        "--digest",
+        metavar="OFFSET:HEX",
+        action="append",
+        help="a digest d(OFFSET) kept elsewhere (e.g. printed by an earlier audit or replay"
+        " --json); the records must still give it. Repeatable.",
+    )
+    audit.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="check N segments of the ledger in parallel processes (same result as 1)",
     )
     audit.set_defaults(handler=cmd_audit)
 
