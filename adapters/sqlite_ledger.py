@@ -199,6 +199,15 @@ class SqliteLedger:
             raise LedgerError(f"no ledger at {fspath} (and create=False)")
         if os.path.isdir(fspath):
             raise LedgerError(f"cannot open ledger {fspath}: it is a directory")
+        if not read_only and os.path.exists(fspath):
+            directory = os.path.dirname(fspath)
+            if not os.access(fspath, os.W_OK) or not os.access(directory, os.W_OK | os.X_OK):
+                # SQLite would open it read-only and fail at the first append.
+                raise LedgerError(
+                    f"cannot open ledger {fspath} for writing: the file or its directory is"
+                    " not writable (a read-only medium?); this command writes to the ledger,"
+                    " while replay, tree, audit and whatif only read it"
+                )
         if read_only:
             return await cls._open_read_only(
                 fspath,

@@ -138,8 +138,9 @@ class _Lagging:
         end = keep[0].offset if keep else self.fed + 1
         projection = Projection()
         pending: list[Record] = []
+        limit = min(basis, end - 1)  # the buffer holds the rest
         for record in self.source(0):
-            if record.offset <= basis:
+            if record.offset <= limit:
                 projection.apply_record(record)
             elif record.offset < end:
                 pending.append(record)

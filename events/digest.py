@@ -14,9 +14,17 @@ import hashlib
 import struct
 from collections.abc import Iterable, Iterator
 
-from .ledger import Record
+from .ledger import LedgerError, Record
 
-__all__ = ["GENESIS", "DigestChain", "DigestRing", "chained", "next_digest", "parse_digest"]
+__all__ = [
+    "GENESIS",
+    "DigestChain",
+    "DigestRing",
+    "LedgerGap",
+    "chained",
+    "next_digest",
+    "parse_digest",
+]
 
 #: ``d(-1)``: the digest before record 0.
 GENESIS = bytes(32)
@@ -40,12 +48,16 @@ def parse_digest(text: str) -> bytes:
         raise ValueError(f"a digest is 64 hex digits: {text!r}") from None
 
 
+class LedgerGap(LedgerError):
+    """A record that does not follow the previous one: records missing (DESIGN §3)."""
+
+
 class DigestChain:
     """The running digest: ``digest`` is ``d(through)``.
 
     Start from :data:`GENESIS` at ``through=-1``, or from a digest kept
     elsewhere (a snapshot's) at its offset. Records must come in offset order
-    without gaps; a record out of order raises ``ValueError``.
+    without gaps; a record out of order raises :class:`LedgerGap`.
     """
 
     __slots__ = ("digest", "through")
@@ -63,7 +75,10 @@ class DigestChain:
     def update(self, record: Record) -> bytes:
         """Fold one record into the chain; return the new digest."""
         if record.offset != self.through + 1:
-            raise ValueError(f"digest chain: record {record.offset} does not follow {self.through}")
+            raise LedgerGap(
+                f"record {record.offset} follows record {self.through}: records are missing"
+                " (removed, or the file is damaged)"
+            )
         self.digest = hashlib.sha256(
             self.digest + _HEAD.pack(record.offset, record.ts) + record.payload
         ).digest()
