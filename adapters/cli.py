@@ -212,7 +212,13 @@ async def _snapshot(path: Path) -> tuple[int, str]:
         anchor = LedgerDigest(through=state.offset, digest=digest, state_hash=hashed)
         await ledger.append([Append(payload=encode_event(anchor))])
         await ledger.save_snapshot(
-            Snapshot(offset=state.offset, blob=dump(state), digest=digest, state_hash=hashed)
+            Snapshot(
+                offset=state.offset,
+                blob=(blob := dump(state)),
+                digest=digest,
+                state_hash=hashed,
+                checksum=Snapshot.checksum_of(blob),
+            )
         )
         return state.offset, hashed
     finally:

@@ -4,9 +4,10 @@ Layout of the file (readable with the ``sqlite3`` shell for ad-hoc audit)::
 
     meta      (key TEXT PRIMARY KEY, value TEXT)      format, schema_version, ledger_id
     records   (offset INTEGER PRIMARY KEY, ts INTEGER NOT NULL, payload BLOB NOT NULL)
-    snapshots (offset INTEGER PRIMARY KEY, blob BLOB NOT NULL, digest TEXT, state_hash TEXT)
+    snapshots (offset INTEGER PRIMARY KEY, blob BLOB NOT NULL, digest TEXT, state_hash TEXT,
+               checksum TEXT)
 
-``snapshots.digest``/``state_hash`` (DESIGN §9: a snapshot stores offset, digest
+``snapshots.digest``/``state_hash``/``checksum`` (DESIGN §9: a snapshot stores offset, digest
 and state hash) were added after schema version 1 shipped without them; they
 are nullable, added to an older file when it first saves a snapshot, and a
 snapshot without them loads with ``None`` (unverifiable: readers do not use it).
@@ -88,10 +89,10 @@ _SCHEMA = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE records (offset INTEGER PRIMARY KEY, ts INTEGER NOT NULL, payload BLOB NOT NULL)",
     "CREATE TABLE snapshots (offset INTEGER PRIMARY KEY, blob BLOB NOT NULL,"
-    " digest TEXT, state_hash TEXT)",
+    " digest TEXT, state_hash TEXT, checksum TEXT)",
 )
 #: Columns of ``snapshots`` added after schema version 1 (nullable).
-_SNAPSHOT_META = ("digest", "state_hash")
+_SNAPSHOT_META = ("digest", "state_hash", "checksum")
 _TABLES = frozenset({"meta", "records", "snapshots"})
 _SELECT_FROM = "SELECT offset, ts, payload FROM records WHERE offset >= ? ORDER BY offset LIMIT ?"
 _SELECT_TAIL = "SELECT offset, ts FROM records ORDER BY offset DESC LIMIT 1"
@@ -543,7 +544,7 @@ class SqliteLedger:
         self._check_open()
         try:
             has_meta = _snapshot_columns(self._rconn) >= set(_SNAPSHOT_META)
-            columns = "offset, blob, digest, state_hash" if has_meta else "offset, blob"
+            columns = "offset, blob, digest, state_hash, checksum" if has_meta else "offset, blob"
             if at_most is None:
                 rows = self._rconn.execute(
                     f"SELECT {columns} FROM snapshots ORDER BY offset DESC LIMIT 1"
@@ -559,9 +560,13 @@ class SqliteLedger:
         if not rows:
             return None
         row = rows[0]
-        meta = [_text_or_none(value) for value in row[2:4]] if has_meta else [None, None]
+        meta = [_text_or_none(value) for value in row[2:5]] if has_meta else [None] * 3
         return Snapshot(
-            offset=int(row[0]), blob=_as_bytes(row[1]), digest=meta[0], state_hash=meta[1]
+            offset=int(row[0]),
+            blob=_as_bytes(row[1]),
+            digest=meta[0],
+            state_hash=meta[1],
+            checksum=meta[2],
         )
 
     # ----------------------------------------------------------------- close
@@ -766,8 +771,15 @@ def _insert_snapshot(conn: sqlite3.Connection, snapshot: Snapshot) -> None:
     for column in missing:  # a file from before the columns existed
         conn.execute(f"ALTER TABLE snapshots ADD COLUMN {column} TEXT")
     conn.execute(
-        "INSERT OR REPLACE INTO snapshots (offset, blob, digest, state_hash) VALUES (?, ?, ?, ?)",
-        (snapshot.offset, snapshot.blob, snapshot.digest, snapshot.state_hash),
+        "INSERT OR REPLACE INTO snapshots (offset, blob, digest, state_hash, checksum)"
+        " VALUES (?, ?, ?, ?, ?)",
+        (
+            snapshot.offset,
+            snapshot.blob,
+            snapshot.digest,
+            snapshot.state_hash,
+            snapshot.checksum,
+        ),
     )
 
 

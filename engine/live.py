@@ -191,7 +191,13 @@ class LiveEngine:
             await self.append([anchor])
         if snapshot:
             await self.ledger.save_snapshot(
-                Snapshot(offset=through, blob=dump(state), digest=digest, state_hash=hashed)
+                Snapshot(
+                    offset=through,
+                    blob=(blob := dump(state)),
+                    digest=digest,
+                    state_hash=hashed,
+                    checksum=Snapshot.checksum_of(blob),
+                )
             )
 
     async def applied_through(self, offset: int) -> None:

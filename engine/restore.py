@@ -167,6 +167,8 @@ def verify_snapshot(snapshot: Snapshot, ledger_id: str) -> Projection:
         parse_digest(snapshot.digest)
     except ValueError as exc:
         raise _Rejected(str(exc)) from None
+    if snapshot.checksum is not None and Snapshot.checksum_of(snapshot.blob) != snapshot.checksum:
+        raise _Rejected("its blob does not match its checksum (damaged)")
     try:
         state = load(snapshot.blob)
         recomputed = state_hash(state)

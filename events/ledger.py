@@ -12,6 +12,7 @@ keeps:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
@@ -46,7 +47,9 @@ class Snapshot(msgspec.Struct, frozen=True, gc=False):
 
     A snapshot is a cache, never evidence (DESIGN §9): ``digest`` (hex of the
     chain digest ``d(offset)``) and ``state_hash`` (the state hash at
-    ``offset``) let a reader verify it before use. A snapshot without them
+    ``offset``) let a reader verify it before use; ``checksum`` (hex SHA-256 of
+    ``blob``) catches damage to what the state hash does not cover (the
+    rejection list, the time). A snapshot without digest and state hash
     (written by an older version) cannot be verified and is not used.
     """
 
@@ -54,6 +57,11 @@ class Snapshot(msgspec.Struct, frozen=True, gc=False):
     blob: bytes
     digest: str | None = None
     state_hash: str | None = None
+    checksum: str | None = None
+
+    @staticmethod
+    def checksum_of(blob: bytes) -> str:
+        return hashlib.sha256(blob).hexdigest()
 
 
 class Ledger(Protocol):

@@ -90,9 +90,12 @@ def snapshot_blob(path: Path) -> tuple[int, bytes]:
     return int(offset), bytes(blob)
 
 
-def set_blob(path: Path, blob: bytes, **columns: str) -> None:
+def set_blob(path: Path, blob: bytes, *, checksum: bool = True, **columns: str) -> None:
+    """Rewrite the snapshot's blob (and its checksum, as a forger would, unless told)."""
     with sqlite3.connect(path) as conn:
         conn.execute("UPDATE snapshots SET blob = ?", (blob,))
+        if checksum:
+            conn.execute("UPDATE snapshots SET checksum = ?", (hashlib.sha256(blob).hexdigest(),))
         for column, value in columns.items():
             conn.execute(f"UPDATE snapshots SET {column} = ?", (value,))
 
@@ -221,16 +224,19 @@ def _fallback(capsys: pytest.CaptureFixture[str], ledger: Path, offset: int, why
         assert code == 0 and f"snapshot at offset {offset} not used" in err
 
 
+@pytest.mark.parametrize("checksum", [False, True])
 def test_flipped_bytes_in_the_snapshot_blob(
-    capsys: pytest.CaptureFixture[str], snapshotted: Path
+    checksum: bool, capsys: pytest.CaptureFixture[str], snapshotted: Path
 ) -> None:
-    """Before: a UnicodeDecodeError traceback."""
+    """Before: a UnicodeDecodeError traceback. Damage is caught by the checksum, and
+    with the checksum recomputed, by decoding (any exception: unreadable)."""
     offset, blob = snapshot_blob(snapshotted)
     damaged = bytearray(blob)
     for index in range(10, len(damaged), 7):
         damaged[index] ^= 0xFF
-    set_blob(snapshotted, bytes(damaged))
-    _fallback(capsys, snapshotted, offset, "unreadable blob")
+    set_blob(snapshotted, bytes(damaged), checksum=checksum)
+    why = "unreadable blob" if checksum else "does not match its checksum"
+    _fallback(capsys, snapshotted, offset, why)
 
 
 def test_a_snapshot_rewritten_with_other_numbers(
@@ -278,10 +284,10 @@ def test_snapshot_of_another_ledger_is_not_used(
     assert run(capsys, "snapshot", str(other))[0] == 0
     offset, blob = snapshot_blob(other)
     with sqlite3.connect(other) as conn:
-        digest, hashed = conn.execute("SELECT digest, state_hash FROM snapshots").fetchone()
+        meta = conn.execute("SELECT digest, state_hash, checksum FROM snapshots").fetchone()
     with sqlite3.connect(snapshotted) as conn:
         conn.execute(
-            "INSERT OR REPLACE INTO snapshots VALUES (?, ?, ?, ?)", (offset, blob, digest, hashed)
+            "INSERT OR REPLACE INTO snapshots VALUES (?, ?, ?, ?, ?)", (offset, blob, *meta)
         )
     code, out, err = run(capsys, "replay", str(snapshotted), "--until", str(offset), "--json")
     assert code == 0, err
