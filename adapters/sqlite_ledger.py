@@ -247,6 +247,9 @@ class SqliteLedger:
         except sqlite3.Error as exc:
             await _discard(loop, executor, writer, reader)
             raise LedgerError(f"cannot open ledger {fspath}: {exc}") from None
+        except (ValueError, TypeError) as exc:  # undecodable names or values: damage
+            await _discard(loop, executor, writer, reader)
+            raise LedgerError(f"{fspath} is not a readable quotaledger ledger: {exc}") from None
         except BaseException:
             await _discard(loop, executor, writer, reader)
             raise
@@ -297,6 +300,10 @@ class SqliteLedger:
             if reader is not None:
                 reader.close()
             raise LedgerError(f"{fspath} is not a quotaledger ledger: {exc}") from None
+        except (ValueError, TypeError) as exc:  # undecodable names or values: damage
+            if reader is not None:
+                reader.close()
+            raise LedgerError(f"{fspath} is not a readable quotaledger ledger: {exc}") from None
         except BaseException:
             if reader is not None:
                 reader.close()
@@ -472,7 +479,7 @@ class SqliteLedger:
             rows = self._rconn.execute(_SELECT_FROM, (offset, limit)).fetchall()
         except sqlite3.Error as exc:
             raise LedgerError(f"reading ledger {self._path} failed: {exc}") from None
-        return list(starmap(Record, rows))
+        return _to_records(rows, self._path)
 
     def iter_batches(self, from_offset: int = 0, batch: int = 5000) -> Iterator[list[Record]]:
         """Synchronously yield all records from ``from_offset`` up to the tail.
@@ -499,7 +506,7 @@ class SqliteLedger:
                     raise LedgerError(f"reading ledger {self._path} failed: {exc}") from None
                 if not rows:
                     return
-                records = list(starmap(Record, rows))
+                records = _to_records(rows, self._path)
                 yield records
                 if len(records) < batch:
                     return
@@ -515,7 +522,9 @@ class SqliteLedger:
         except sqlite3.Error as exc:
             raise LedgerError(f"reading ledger {self._path} failed: {exc}") from None
         value = rows[0][0]
-        return -1 if value is None else int(value)
+        if value is not None and type(value) is not int:
+            raise LedgerError(f"ledger {self._path} is damaged: last offset {value!r}")
+        return -1 if value is None else value
 
     # ------------------------------------------------------------- snapshots
 
@@ -532,7 +541,7 @@ class SqliteLedger:
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._executor, self._save_snapshot, snapshot)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, ValueError) as exc:  # ValueError: a damaged schema
             raise LedgerError(f"saving a snapshot to {self._path} failed: {exc}") from None
 
     def _save_snapshot(self, snapshot: Snapshot) -> None:
@@ -555,11 +564,13 @@ class SqliteLedger:
                     "ORDER BY offset DESC LIMIT 1",
                     (at_most,),
                 ).fetchall()
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, ValueError) as exc:
             raise LedgerError(f"reading a snapshot from {self._path} failed: {exc}") from None
         if not rows:
             return None
         row = rows[0]
+        if type(row[0]) is not int or not isinstance(row[1], bytes | str):
+            raise LedgerError(f"the snapshot table of {self._path} is damaged")
         meta = [_text_or_none(value) for value in row[2:5]] if has_meta else [None] * 3
         return Snapshot(
             offset=int(row[0]),
@@ -605,10 +616,27 @@ class SqliteLedger:
 # ------------------------------------------------------------------ helpers
 
 
+def _to_records(rows: list[Any], path: str) -> list[Record]:
+    """Rows as records; a row whose columns do not have their types (a damaged
+    page can hold anything) is a :class:`LedgerError` naming it."""
+    records = list(starmap(Record, rows))
+    for record in records:
+        if type(record.offset) is not int or type(record.ts) is not int:
+            raise LedgerError(
+                f"ledger {path} is damaged: record {record.offset!r} has ts {record.ts!r}"
+            )
+        if type(record.payload) is not bytes:
+            raise LedgerError(
+                f"ledger {path} is damaged: record {record.offset} has a"
+                f" {type(record.payload).__name__} payload"
+            )
+    return records
+
+
 def _append_error(exc: Exception) -> Exception:
     if isinstance(exc, LedgerError):
         return LedgerError(str(exc))
-    if isinstance(exc, sqlite3.Error):
+    if isinstance(exc, sqlite3.Error | ValueError | TypeError):  # the two: damage
         return LedgerError(f"append failed, nothing of this batch was written: {exc}")
     return exc
 

@@ -25,6 +25,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 
+from quotaledger.events.codec import peek_kind
 from quotaledger.events.digest import DigestChain, DigestRing, parse_digest
 from quotaledger.events.ledger import Ledger, LedgerError, LedgerMismatch, Record, Snapshot
 from quotaledger.events.model import Event, LedgerDigest
@@ -196,6 +197,13 @@ async def _from_snapshot(
         raise _Rejected(f"the ledger has no record {snapshot.offset}")
     if until.ts is not None and first[0].ts > until.ts:
         return None
+    # The time is outside the state hash: it is the ts of the last record that is
+    # not a LedgerDigest (those leave the state alone), so at most record S's ts.
+    state_ts = projection.state.ts
+    if state_ts > first[0].ts or (
+        state_ts != first[0].ts and peek_kind(first[0].payload) != "LedgerDigest"
+    ):
+        raise _Rejected(f"its time {state_ts} does not fit record {snapshot.offset}'s ts")
 
     def stop_at_mismatch(problem: str) -> None:
         raise _Rejected(problem)

@@ -41,7 +41,7 @@ def peek_kind(payload: bytes | str) -> str | None:
     """The ``kind`` string of a JSON object, or None when there is none to read."""
     try:
         kind = _KIND_ONLY.decode(payload).kind
-    except (msgspec.DecodeError, TypeError):
+    except (msgspec.DecodeError, TypeError, ValueError):  # ValueError: invalid UTF-8
         return None
     return kind if isinstance(kind, str) else None
 
