@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quotaledger.events.codec import EventError, decode_event, peek_kind
-from quotaledger.events.digest import DigestChain, DigestRing, next_digest
+from quotaledger.events.digest import DigestChain, next_digest
 from quotaledger.events.ledger import Record
 from quotaledger.events.model import (
     DECISION_TYPES,
@@ -166,16 +166,14 @@ class DigestAudit:
 
     def __init__(self, source: RecordSource, given: Mapping[int, bytes] | None = None) -> None:
         self.source = source
-        self.chain = DigestChain()
-        self.ring = DigestRing(1 << 16)
+        self.chain = DigestChain(keep=1 << 16)
         self.given = dict(given or {})
         self.good: list[int] = []  # sorted throughs whose digest matched
         self.recorded: dict[int, bytes] = {}  # through -> a digest that did not match
         self.checks: list[DigestCheck] = []
 
     def feed(self, record: Record) -> None:
-        digest = self.chain.update(record)
-        self.ring.put(record.offset, digest)
+        self.chain.update(record)
         wanted = self.given.pop(record.offset, None)
         if wanted is not None:
             self.checks.append(self._check(record.offset, wanted, None))
@@ -216,7 +214,7 @@ class DigestAudit:
 
     def digest_at(self, through: int) -> bytes:
         """``d(through)`` of the records as they are (re-read when no longer kept)."""
-        known = self.ring.get(through)
+        known = self.chain.at(through)
         if known is not None:
             return known
         chain = DigestChain()

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 
 from quotaledger.events.codec import peek_kind
-from quotaledger.events.digest import DigestChain, DigestRing, parse_digest
+from quotaledger.events.digest import DigestChain, parse_digest
 from quotaledger.events.ledger import Ledger, LedgerError, LedgerMismatch, Record, Snapshot
 from quotaledger.events.model import Event, LedgerDigest
 from quotaledger.projections import Projection, state_hash
@@ -35,6 +35,8 @@ from quotaledger.projections.snapshot import load
 from .fold_loop import Until
 
 Warn = Callable[[str], None]
+#: Digests kept to check a LedgerDigest written after its ``through`` (DECISIONS 42).
+KEEP = 1 << 14
 #: No stop point: fold to the tail.
 FOREVER = Until()
 Progress = Callable[[int], None]
@@ -48,25 +50,19 @@ class DigestMismatch(ValueError):
 class ChainedFold:
     """A projection and the digest chain, fed the same records.
 
-    ``ring`` keeps the last digests so a ``LedgerDigest`` written a little after
-    its ``through`` can be checked; ``hashes`` holds state hashes known for an
-    offset (the snapshot's), checked against a ``LedgerDigest`` for it.
+    The chain keeps the last :data:`KEEP` digests so a ``LedgerDigest`` written a
+    little after its ``through`` can be checked; ``hashes`` holds state hashes
+    known for an offset (the snapshot's), checked against a ``LedgerDigest`` for it.
     """
 
     projection: Projection
-    chain: DigestChain = field(default_factory=DigestChain)
-    ring: DigestRing = field(default_factory=DigestRing)
+    chain: DigestChain = field(default_factory=lambda: DigestChain(keep=KEEP))
     hashes: dict[int, str] = field(default_factory=dict)
     on_mismatch: Callable[[str], None] | None = None
 
-    def __post_init__(self) -> None:
-        if self.chain.through >= 0:
-            self.ring.put(self.chain.through, self.chain.digest)
-
     def apply(self, record: Record) -> Event | None:
         """Fold one record into the chain and the projection; the accepted event."""
-        digest = self.chain.update(record)
-        self.ring.put(record.offset, digest)
+        self.chain.update(record)
         event = self.projection.apply_record(record)
         if type(event) is LedgerDigest:
             self._check(record.offset, event)
@@ -74,7 +70,7 @@ class ChainedFold:
 
     def _check(self, offset: int, event: LedgerDigest) -> None:
         problem: str | None = None
-        known = self.ring.get(event.through) if 0 <= event.through < offset else None
+        known = self.chain.at(event.through) if 0 <= event.through < offset else None
         if known is not None and known.hex() != event.digest:
             problem = (
                 f"LedgerDigest at offset {offset} says d({event.through}) is {event.digest},"
@@ -210,7 +206,7 @@ async def _from_snapshot(
 
     fold = ChainedFold(
         projection,
-        DigestChain(parse_digest(snapshot.digest), snapshot.offset),
+        DigestChain(parse_digest(snapshot.digest), snapshot.offset, keep=KEEP),
         hashes={snapshot.offset: snapshot.state_hash},
         on_mismatch=stop_at_mismatch,
     )

@@ -19,7 +19,6 @@ from .ledger import LedgerError, Record
 __all__ = [
     "GENESIS",
     "DigestChain",
-    "DigestRing",
     "LedgerGap",
     "chained",
     "next_digest",
@@ -30,6 +29,7 @@ __all__ = [
 GENESIS = bytes(32)
 
 _HEAD = struct.Struct(">qq")
+_sha256 = hashlib.sha256
 
 
 def next_digest(previous: bytes, offset: int, ts: int, payload: bytes) -> bytes:
@@ -57,16 +57,24 @@ class DigestChain:
 
     Start from :data:`GENESIS` at ``through=-1``, or from a digest kept
     elsewhere (a snapshot's) at its offset. Records must come in offset order
-    without gaps; a record out of order raises :class:`LedgerGap`.
+    without gaps; a record out of order raises :class:`LedgerGap`. With
+    ``keep`` > 0 the digests of the last ``keep`` offsets (rounded up to a power
+    of two) stay available through :meth:`at`, to check a ``LedgerDigest``
+    written a little after its ``through``.
     """
 
-    __slots__ = ("digest", "through")
+    __slots__ = ("_mask", "_ring", "digest", "through")
 
-    def __init__(self, digest: bytes = GENESIS, through: int = -1) -> None:
+    def __init__(self, digest: bytes = GENESIS, through: int = -1, *, keep: int = 0) -> None:
         if len(digest) != 32:
             raise ValueError(f"a digest is 32 bytes, not {len(digest)}")
         self.digest = digest
         self.through = through
+        size = 1 << max(0, keep - 1).bit_length() if keep > 0 else 0
+        self._mask = size - 1
+        self._ring: list[bytes] = [GENESIS] * size
+        if size and through >= 0:
+            self._ring[through & self._mask] = digest
 
     @property
     def hex(self) -> str:
@@ -74,38 +82,26 @@ class DigestChain:
 
     def update(self, record: Record) -> bytes:
         """Fold one record into the chain; return the new digest."""
-        if record.offset != self.through + 1:
+        offset = record.offset
+        if offset != self.through + 1:
             raise LedgerGap(
-                f"record {record.offset} follows record {self.through}: records are missing"
+                f"record {offset} follows record {self.through}: records are missing"
                 " (removed, or the file is damaged)"
             )
-        self.digest = hashlib.sha256(
-            self.digest + _HEAD.pack(record.offset, record.ts) + record.payload
-        ).digest()
-        self.through = record.offset
-        return self.digest
+        digest = _sha256(self.digest + _HEAD.pack(offset, record.ts) + record.payload).digest()
+        self.digest = digest
+        self.through = offset
+        if self._ring:
+            self._ring[offset & self._mask] = digest
+        return digest
 
-
-class DigestRing:
-    """The digests of the last ``size`` records, by offset (for checking a
-    ``LedgerDigest`` whose ``through`` is a little behind the record itself)."""
-
-    __slots__ = ("_digests", "_last", "size")
-
-    def __init__(self, size: int = 1 << 14) -> None:
-        self.size = size
-        self._digests: list[bytes | None] = [None] * size
-        self._last = -1
-
-    def put(self, offset: int, digest: bytes) -> None:
-        self._digests[offset % self.size] = digest
-        self._last = offset
-
-    def get(self, offset: int) -> bytes | None:
-        """``d(offset)`` if it is still kept, else None."""
-        if offset < 0 or offset > self._last or offset <= self._last - self.size:
+    def at(self, offset: int) -> bytes | None:
+        """``d(offset)`` if it is still kept (``through`` itself always is), else None."""
+        if offset == self.through:
+            return self.digest
+        if not self._ring or not self.through - len(self._ring) < offset < self.through:
             return None
-        return self._digests[offset % self.size]
+        return self._ring[offset & self._mask]
 
 
 def chained(records: Iterable[Record], chain: DigestChain) -> Iterator[Record]:
