@@ -12,9 +12,10 @@ and state hash) were added after schema version 1 shipped without them; they
 are nullable, added to an older file when it first saves a snapshot, and a
 snapshot without them loads with ``None`` (unverifiable: readers do not use it).
 
-A ledger on a read-only medium opens with ``read_only=True`` (the read-only
-commands do this): ``mode=ro``, and ``immutable=1`` when SQLite cannot create
-the ``-shm`` file next to it. ``sqlite3 'file:ledger.db?mode=ro&immutable=1'``
+The read-only commands open with ``read_only=True``: a query-only connection,
+read-write where the file and its directory are writable (as before), else
+``mode=ro``, and ``immutable=1`` when SQLite cannot create the ``-shm`` file
+next to it (a read-only medium). ``sqlite3 'file:ledger.db?mode=ro&immutable=1'``
 reads such a file by hand.
 ``payload`` holds the event JSON. It is stored as TEXT when it is valid UTF-8
 without NUL bytes (so ``sqlite3 ledger.db "select * from records"`` prints the
@@ -283,8 +284,13 @@ class SqliteLedger:
     ) -> SqliteLedger:
         """Open for reading only: ``mode=ro``, else ``immutable=1`` (see module doc)."""
         reader: sqlite3.Connection | None = None
+        # Where the file and its directory are writable, a query-only read-write
+        # connection reads as before (its last close removes the -wal/-shm files);
+        # elsewhere mode=ro, then immutable=1 (module docstring).
+        writable = os.access(fspath, os.W_OK) and os.access(os.path.dirname(fspath), os.W_OK)
+        tries = ("mode=rw", *READ_ONLY_PARAMS) if writable else READ_ONLY_PARAMS
         try:
-            reader, params = _connect_read_only(fspath, busy_timeout_ms)
+            reader, params = _connect_read_only(fspath, busy_timeout_ms, tries)
             tables = {
                 _as_bytes(row[0]).decode()
                 for row in reader.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
@@ -666,7 +672,9 @@ READ_ONLY_PARAMS = ("mode=ro", "mode=ro&immutable=1")
 def _connect_read_only(
     path: str, busy_timeout_ms: int, tries: Sequence[str] = READ_ONLY_PARAMS
 ) -> tuple[sqlite3.Connection, str]:
-    """A query-only connection that writes nothing, and the URI query it took.
+    """A query-only connection, and the URI query it took (the first of ``tries``
+    that opens). Only ``mode=rw`` may touch the file (its last close checkpoints
+    and removes the ``-wal``/``-shm``); the read-only queries never do.
 
     ``mode=ro`` reads a WAL ledger while other processes write it, but needs
     the ``-shm`` file (created if missing); where that cannot be created (a
