@@ -585,7 +585,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=raw,
     )
     _add_source(replay)
-    replay.add_argument("--json", action="store_true", help="print the state JSON (DESIGN §7)")
+    replay.add_argument(
+        "--json",
+        action="store_true",
+        help="print the state JSON (DESIGN §7) with `digest`, the digest chain's d(offset)"
+        " (DESIGN §9)",
+    )
     replay.set_defaults(handler=cmd_replay)
 
     tree = commands.add_parser(
