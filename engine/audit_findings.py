@@ -97,6 +97,12 @@ class AuditReport:
         return sum(1 for check in self.digests if not check.verified) + len(self.damage)
 
     @property
+    def covered_through(self) -> int:
+        """The highest offset a matching digest vouches for (-1: none); a change to
+        a later record cannot be detected yet."""
+        return max((check.through for check in self.digests if check.verified), default=-1)
+
+    @property
     def failed(self) -> bool:
         """Exit status 1 (see the module docstring)."""
         return bool(self.flagged or self.tampered)

@@ -386,6 +386,7 @@ def report_json(report: AuditReport) -> dict[str, Any]:
         "digests": [digest_json(check) for check in report.digests],
         "damage": [problem_text(p) for p in report.damage],
         "tampered": report.tampered,
+        "covered_through": report.covered_through,
         "last_offset": report.last_offset,
         "digest": report.digest,
     }
@@ -397,6 +398,12 @@ def report_text(report: AuditReport) -> str:
         parts.append(f"preemption {preemption_id} is still running at the end of the ledger")
     parts.extend(digest_text(check) for check in report.digests)
     parts.extend(f"TAMPERED {problem_text(p)}" for p in report.damage)
+    covered = report.covered_through
+    if covered < report.last_offset:
+        parts.append(
+            f"records {covered + 1}..{report.last_offset} are covered by no matching digest"
+            " (a LedgerDigest record or --digest): a change to them cannot be detected"
+        )
     if report.last_offset >= 0:
         parts.append(
             f"digest of records 0..{report.last_offset}: {report.digest} (keep it elsewhere;"

@@ -351,10 +351,13 @@ def test_audit_verifies_every_ledger_digest(
         (second, True),
     ]
     assert document["tampered"] == 0
+    assert document["covered_through"] == second
     assert document["digest"] == manual_digest(rows(ledger))
     code, text, _ = run(capsys, "audit", str(ledger))
     assert code == 0
     assert f"digest of records 0..{second} verified (LedgerDigest #{second + 1})" in text
+    last = len(rows(ledger)) - 1
+    assert f"records {second + 1}..{last} are covered by no matching digest" in text
 
 
 @pytest.mark.parametrize("where", ["before-first", "between"])
