@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gc
 import itertools
+import logging
 import os
 import signal
 import sys
@@ -25,12 +26,13 @@ import msgspec
 
 from quotaledger.engine.fold_loop import Until, fold, parse_until
 from quotaledger.engine.render import amounts, tree_text
+from quotaledger.engine.restore import ChainedFold, Restored, fold_records, restore
 from quotaledger.events.codec import encode_event, peek_kind
 from quotaledger.events.ledger import Append, LedgerError, Record, Snapshot
-from quotaledger.events.model import LedgerOpened
+from quotaledger.events.model import LedgerDigest, LedgerOpened
 from quotaledger.events.times import MAX_DELAY_S
-from quotaledger.projections import Projection, state_json
-from quotaledger.projections.snapshot import SnapshotError, dump, load
+from quotaledger.projections import Projection, state_hash, state_json
+from quotaledger.projections.snapshot import SnapshotError, dump
 
 from .jsonl import STDIN, JsonlError, JsonlInput, Line, open_jsonl, read_lines, records
 
@@ -195,56 +197,51 @@ def _batched(items: Iterable[Record], size: int = 5000) -> Iterator[list[Record]
         yield batch
 
 
-async def _fold_ledger(path: Path, until: Until, args: argparse.Namespace) -> Projection:
+def warn(message: str) -> None:
+    """One warning line on stderr (the command goes on)."""
+    print(f"quotaledger: warning: {message}", file=sys.stderr, flush=True)
+
+
+async def _fold_ledger(path: Path, until: Until, args: argparse.Namespace) -> Restored:
     from .sqlite_ledger import SqliteLedger
 
-    ledger = await SqliteLedger.open(str(path), create=False)
+    ledger = await SqliteLedger.open(str(path), read_only=True)
     try:
-        projection = Projection()
-        start = 0
-        if not args.no_snapshot:
-            snapshot = await ledger.load_snapshot(until.offset)
-            if snapshot is not None:
-                state = load(snapshot.blob)
-                if state.ledger_id != ledger.ledger_id:
-                    raise LedgerError(
-                        f"snapshot at {snapshot.offset} belongs to ledger {state.ledger_id},"
-                        f" not {ledger.ledger_id}"
-                    )
-                if until.ts is None or state.ts <= until.ts:
-                    projection = Projection(state)
-                    start = snapshot.offset + 1
-        total = await ledger.last_offset() + 1 - start
+        total = await ledger.last_offset() + 1
         progress = progress_for(getattr(args, "command", None) or "replay", total, args)
-        fold(projection, ledger.iter_batches(start), until, progress)
+        restored = await restore(
+            ledger, until=until, use_snapshot=not args.no_snapshot, warn=warn, progress=progress
+        )
         progress.close()
-        return projection
+        return restored
     finally:
         await ledger.close()
 
 
-def fold_path(path: Path, args: argparse.Namespace) -> Projection:
-    """Fold a JSONL file (``-``: stdin) or a SQLite ledger up to ``--until``."""
+def fold_path(path: Path, args: argparse.Namespace) -> Restored:
+    """Fold a JSONL file (``-``: stdin) or a SQLite ledger up to ``--until``, with
+    the digest chain (DESIGN §9)."""
     try:
         until = parse_until(args.until)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if _is_jsonl(path):
         with open_jsonl(str(path)) as source:
-            projection = Projection()
+            chained = ChainedFold(Projection(), on_mismatch=warn)
             progress = progress_for(getattr(args, "command", None) or "replay", None, args)
             stream: Iterable[Record] = records(source, strict=args.strict)
             if until.offset is not None:
                 # Do not even read (and fail on) lines past the stop offset.
                 stream = itertools.islice(stream, until.offset + 1)
-            fold(projection, _batched(stream), until, progress)
+            fold_records(chained, _batched(stream), until, progress)
             progress.close()
+            restored = Restored(chained)
     else:
         if not path.exists():
             raise UserError(f"{path}: no such file")
-        projection = asyncio.run(_fold_ledger(path, until, args))
-    _check_end(until, projection.state.offset)
-    return projection
+        restored = asyncio.run(_fold_ledger(path, until, args))
+    _check_end(until, restored.projection.state.offset)
+    return restored
 
 
 def _print_json(document: Any) -> None:
@@ -254,18 +251,24 @@ def _print_json(document: Any) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    projection = fold_path(Path(args.source), args)
-    document = state_json(projection.state)
+    restored = fold_path(Path(args.source), args)
+    document = state_json(restored.projection.state)
     if args.json:
-        _print_json(document)
+        # DESIGN §9: the digest of the last record folded, next to the state hash.
+        with_digest: dict[str, Any] = {}
+        for key, value in document.items():
+            with_digest[key] = value
+            if key == "hash":
+                with_digest["digest"] = restored.digest
+        _print_json(with_digest)
     else:
         print(tree_text(document))
     return 0
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
-    projection = fold_path(Path(args.source), args)
-    print(tree_text(state_json(projection.state)))
+    restored = fold_path(Path(args.source), args)
+    print(tree_text(state_json(restored.projection.state)))
     return 0
 
 
@@ -358,14 +361,14 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             count, last = asyncio.run(_ingest(source, target, args.strict, args.from_line, resume))
         except IngestStopped as stop:
             where = "no ledger was created" if stop.last is None else f"last offset {stop.last}"
-            resume = (
+            again = (
                 f"quotaledger ingest {args.source} {args.ledger}"
                 f" --from-line {stop.error.line} --strict"
             )
             raise UserError(
                 f"{stop.error}\nquotaledger: appended {stop.count} record(s) to {args.ledger}"
                 f" ({where}); line {stop.error.line} and after were not appended."
-                f" Fix the line, then resume with:\n  {resume}"
+                f" Fix the line, then resume with:\n  {again}"
             ) from None
         except Interrupted as exc:
             # Each batch is one transaction: what the ledger holds is whole batches.
@@ -385,22 +388,31 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 async def _snapshot(path: Path) -> tuple[int, str]:
+    """Fold to the tail (from a verified snapshot), anchor the state in the ledger
+    with a ``LedgerDigest`` and store the snapshot with its digest and hash."""
     from .sqlite_ledger import SqliteLedger
 
     ledger = await SqliteLedger.open(str(path), create=False)
     try:
-        projection = Projection()
-        snapshot = await ledger.load_snapshot(None)
-        start = 0
-        if snapshot is not None:
-            projection = Projection(load(snapshot.blob))
-            start = snapshot.offset + 1
-        progress = progress_for("snapshot", await ledger.last_offset() + 1 - start, None)
-        fold(projection, ledger.iter_batches(start), progress=progress)
+        total = await ledger.last_offset() + 1
+        progress = progress_for("snapshot", total, None)
+        restored = await restore(ledger, warn=warn, progress=progress)
         progress.close()
-        state = projection.state
-        await ledger.save_snapshot(Snapshot(offset=state.offset, blob=dump(state)))
-        return state.offset, state_json(state)["hash"]
+        state = restored.projection.state
+        digest = restored.digest
+        hashed = state_hash(state)
+        anchor = LedgerDigest(through=state.offset, digest=digest, state_hash=hashed)
+        await ledger.append([Append(payload=encode_event(anchor))])
+        await ledger.save_snapshot(
+            Snapshot(
+                offset=state.offset,
+                blob=(blob := dump(state)),
+                digest=digest,
+                state_hash=hashed,
+                checksum=Snapshot.checksum_of(blob),
+            )
+        )
+        return state.offset, hashed
     finally:
         await ledger.close()
 
@@ -509,6 +521,7 @@ async def _run_engine(args: argparse.Namespace) -> None:
         election=not args.no_election,
         snapshot_every=args.snapshot_every,
         progress_every_s=every_s,
+        digest_every=args.digest_every,
     )
 
     async def ready() -> None:
@@ -605,7 +618,7 @@ def _with_ledger_records(
     async def run() -> Any:
         from .sqlite_ledger import SqliteLedger
 
-        ledger = await SqliteLedger.open(str(path), create=False)
+        ledger = await SqliteLedger.open(str(path), read_only=True)
         try:
             total = await ledger.last_offset() + 1
             return work(
@@ -621,20 +634,87 @@ def _with_ledger_records(
     return asyncio.run(run())
 
 
+def _parse_digests(values: Sequence[str] | None) -> dict[int, bytes]:
+    """``--digest OFFSET:HEX`` values (DESIGN §9: a digest kept elsewhere)."""
+    from quotaledger.events.digest import parse_digest
+
+    digests: dict[int, bytes] = {}
+    for value in values or ():
+        offset, sep, text = value.partition(":")
+        if not sep or not offset.strip().isdigit():
+            raise UserError(f"--digest {value!r}: expected OFFSET:HEX, e.g. 1200:9f86d0...")
+        try:
+            digests[int(offset)] = parse_digest(text)
+        except ValueError as exc:
+            raise UserError(f"--digest {value!r}: {exc}") from None
+    return digests
+
+
+def _audit_segment_job(path: str, start: int, end: int) -> Any:
+    """A worker process of ``audit --jobs``: one segment (picklable by name)."""
+    from quotaledger.engine.audit import audit_segment
+
+    tune_gc()
+    return _with_ledger_records(Path(path), lambda source: audit_segment(source, start, end))
+
+
+def _audit_parallel(path: Path, jobs: int, digests: dict[int, bytes]) -> Any:
+    """``audit --jobs N``: the digest chain in one cheap pass here, the decisions in
+    N segments in parallel processes, each starting from the fold of the records
+    before it, its start state hash checked against the previous segment's end
+    (DECISIONS 45). Any disagreement falls back to one process."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from quotaledger.engine.audit import (
+        SegmentMismatch,
+        audit,
+        chain_pass,
+        merge_segments,
+        segments,
+    )
+
+    def single() -> Any:
+        return _with_ledger_records(path, lambda source: audit(source, digests=digests))
+
+    chained = _with_ledger_records(path, lambda source: chain_pass(source, digests))
+    if chained.damage or chained.last_offset < 1:
+        return single()
+    ranges = segments(chained.last_offset, jobs)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=len(ranges), mp_context=context) as pool:
+        futures = [pool.submit(_audit_segment_job, str(path), a, b) for a, b in ranges]
+        results = [future.result() for future in futures]
+    try:
+        return merge_segments(chained, results)
+    except SegmentMismatch as exc:
+        warn(f"{exc}; auditing in one process instead")
+        return single()
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
     from quotaledger.engine.audit import audit
+    from quotaledger.engine.audit_words import report_json, report_text
 
-    report = _with_ledger_records(Path(args.ledger), audit, "audit")
+    digests = _parse_digests(args.digest)
+    if args.jobs < 1:
+        raise UserError("--jobs must be at least 1")
+    if args.jobs > 1:
+        report = _audit_parallel(Path(args.ledger), args.jobs, digests)
+    else:
+        report = _with_ledger_records(
+            Path(args.ledger), lambda source: audit(source, digests=digests), "audit"
+        )
     if args.pod is not None:
         report = report.for_pod(args.pod)
     if args.json:
-        document = report.to_json()
+        document = report_json(report)
         if args.pod is not None:
             document["pod"] = args.pod
         _print_json(document)
     else:
-        print(report.text())
-    return 1 if report.flagged else 0
+        print(report_text(report))
+    return 1 if report.failed else 0
 
 
 def _fold_for_whatif(path: Path, until: Until, args: argparse.Namespace) -> Projection:
@@ -645,7 +725,7 @@ def _fold_for_whatif(path: Path, until: Until, args: argparse.Namespace) -> Proj
     if not path.exists():
         raise UserError(f"{path}: no such file")
     options = argparse.Namespace(no_snapshot=args.no_snapshot, progress=False)
-    return asyncio.run(_fold_ledger(path, until, options))
+    return asyncio.run(_fold_ledger(path, until, options)).projection
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
@@ -829,7 +909,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=raw,
     )
     _add_source(replay)
-    replay.add_argument("--json", action="store_true", help="print the state JSON (DESIGN §7)")
+    replay.add_argument(
+        "--json",
+        action="store_true",
+        help="print the state JSON (DESIGN §7) with `digest`, the digest chain's d(offset)"
+        " (DESIGN §9)",
+    )
     replay.set_defaults(handler=cmd_replay)
 
     tree = commands.add_parser(
@@ -937,6 +1022,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="records between snapshots (default: 50000)",
     )
     run.add_argument(
+        "--digest-every",
+        metavar="N",
+        type=_positive_int,
+        default=10_000,
+        help="records between LedgerDigest records (DESIGN §9; default: 10000)",
+    )
+    run.add_argument(
         "--stop-after",
         metavar="SECONDS",
         type=_positive_seconds,
@@ -951,12 +1043,16 @@ def build_parser() -> argparse.ArgumentParser:
         " why this pod, why now, used/runtime/max/guaranteed), each re-derived from the facts"
         " before it (its basis): the timer was armed and due, the target and the victims and"
         " their order are what the rules give, the outcome follows from the evictions'"
-        " outcomes. A decision the facts do not justify, or that the ledger's guard refused,"
-        " is FLAGGED.\n\n"
+        " outcomes. A decision the facts do not justify is FLAGGED; one the ledger's guard"
+        " refused (a second engine's late proposal, a stale epoch) is listed as REFUSED and"
+        " counted apart: the guard working is not a failure. Audit never starts from a"
+        " snapshot: it folds from offset 0, checks the digest chain (DESIGN §9) against every"
+        " LedgerDigest record and every --digest, and names the records that changed.\n\n"
         "LEDGER is a SQLite ledger (e.g. `simulate --out`) or a JSONL file holding decisions"
         " (an export starting with its LedgerOpened line keeps its offsets). Read only.\n\n"
-        "exit status: 0 when no decision is flagged, 1 when at least one is (with --pod: one"
-        " of that pod's), 2 on bad input.",
+        "exit status: 0 when no decision is flagged and every digest matches; 1 when an"
+        " accepted decision is flagged (with --pod: one of that pod's) or the records do not"
+        " match a digest (tampering, removed records); 2 on bad input or an unreadable file.",
         epilog="examples:\n"
         "  quotaledger simulate examples/quota-decrease.jsonl --out sim.db\n"
         "  quotaledger audit sim.db\n"
@@ -974,8 +1070,23 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument(
         "--json",
         action="store_true",
-        help='print {"decisions": [{offset, at, kind, queue, explanation, justified,'
-        ' problems}], "flagged": n}',
+        help='print {"decisions": [{offset, at, kind, queue, explanation, justified, refused,'
+        ' problems, problem_data}], "flagged": n, "refused": n, "digests": [...], "tampered":'
+        ' n, "last_offset", "digest"}',
+    )
+    audit.add_argument(
+        "--digest",
+        metavar="OFFSET:HEX",
+        action="append",
+        help="a digest d(OFFSET) kept elsewhere (e.g. printed by an earlier audit or replay"
+        " --json); the records must still give it. Repeatable.",
+    )
+    audit.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="check N segments of the ledger in parallel processes (same result as 1)",
     )
     audit.set_defaults(handler=cmd_audit)
 
@@ -1108,6 +1219,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"quotaledger: error: {exc}", file=sys.stderr)
         return 2
     except Interrupted as exc:
+        # The signal may have been raised inside a task other than the main one
+        # (a ledger's writer loop): asyncio would then log that task's
+        # "exception never retrieved" with a traceback when it is collected.
+        # The interruption is the expected way out, reported below.
+        logging.getLogger("asyncio").disabled = True
         name = signal.Signals(exc.signum).name
         detail = f"; {exc.detail}" if exc.detail else ""
         print(f"quotaledger: stopped by {name}{detail}", file=sys.stderr, flush=True)

@@ -4,8 +4,19 @@ Layout of the file (readable with the ``sqlite3`` shell for ad-hoc audit)::
 
     meta      (key TEXT PRIMARY KEY, value TEXT)      format, schema_version, ledger_id
     records   (offset INTEGER PRIMARY KEY, ts INTEGER NOT NULL, payload BLOB NOT NULL)
-    snapshots (offset INTEGER PRIMARY KEY, blob BLOB NOT NULL)
+    snapshots (offset INTEGER PRIMARY KEY, blob BLOB NOT NULL, digest TEXT, state_hash TEXT,
+               checksum TEXT)
 
+``snapshots.digest``/``state_hash``/``checksum`` (DESIGN §9: a snapshot stores offset, digest
+and state hash) were added after schema version 1 shipped without them; they
+are nullable, added to an older file when it first saves a snapshot, and a
+snapshot without them loads with ``None`` (unverifiable: readers do not use it).
+
+The read-only commands open with ``read_only=True``: a query-only connection,
+read-write where the file and its directory are writable (as before), else
+``mode=ro``, and ``immutable=1`` when SQLite cannot create the ``-shm`` file
+next to it (a read-only medium). ``sqlite3 'file:ledger.db?mode=ro&immutable=1'``
+reads such a file by hand.
 ``payload`` holds the event JSON. It is stored as TEXT when it is valid UTF-8
 without NUL bytes (so ``sqlite3 ledger.db "select * from records"`` prints the
 JSON) and as a BLOB otherwise; either way it reads back as the exact bytes that
@@ -78,8 +89,11 @@ _INT64_MAX = 2**63 - 1
 _SCHEMA = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE records (offset INTEGER PRIMARY KEY, ts INTEGER NOT NULL, payload BLOB NOT NULL)",
-    "CREATE TABLE snapshots (offset INTEGER PRIMARY KEY, blob BLOB NOT NULL)",
+    "CREATE TABLE snapshots (offset INTEGER PRIMARY KEY, blob BLOB NOT NULL,"
+    " digest TEXT, state_hash TEXT, checksum TEXT)",
 )
+#: Columns of ``snapshots`` added after schema version 1 (nullable).
+_SNAPSHOT_META = ("digest", "state_hash", "checksum")
 _TABLES = frozenset({"meta", "records", "snapshots"})
 _SELECT_FROM = "SELECT offset, ts, payload FROM records WHERE offset >= ? ORDER BY offset LIMIT ?"
 _SELECT_TAIL = "SELECT offset, ts FROM records ORDER BY offset DESC LIMIT 1"
@@ -120,13 +134,14 @@ class SqliteLedger:
         self,
         path: str,
         ledger_id: str,
-        writer: sqlite3.Connection,
+        writer: sqlite3.Connection | None,
         reader: sqlite3.Connection,
         executor: ThreadPoolExecutor,
         *,
         clock_ms: Callable[[], int],
         busy_timeout_ms: int,
         poll_interval: float,
+        read_params: str = "mode=rw",
     ) -> None:
         """Internal: use :meth:`open`."""
         self._path = path
@@ -137,6 +152,7 @@ class SqliteLedger:
         self._clock_ms = clock_ms
         self._busy_timeout_ms = busy_timeout_ms
         self._poll_interval = poll_interval
+        self._read_params = read_params
         self._pending: list[tuple[list[Append], asyncio.Future[list[int]]]] = []
         self._writer_task: asyncio.Task[None] | None = None
         self._tail_event = asyncio.Event()
@@ -159,6 +175,7 @@ class SqliteLedger:
         clock_ms: Callable[[], int] = wall_clock_ms,
         busy_timeout_ms: int = 10_000,
         poll_interval: float = 0.01,
+        read_only: bool = False,
     ) -> SqliteLedger:
         """Open the ledger at ``path``, creating it when missing or empty.
 
@@ -173,15 +190,37 @@ class SqliteLedger:
         ``poll_interval`` (seconds) is how often a ``follow`` reader looks for
         records appended by other connections; appends through this object wake
         its readers at once.
+
+        ``read_only`` opens an existing ledger without ever writing to it (not
+        even the WAL setting), so a file on a read-only medium can be read
+        (DESIGN §9); :meth:`append` and :meth:`save_snapshot` then raise
+        :class:`LedgerError`.
         """
         fspath = os.path.abspath(os.fspath(path))
-        if not create and not os.path.exists(fspath):
+        if (read_only or not create) and not os.path.exists(fspath):
             raise LedgerError(f"no ledger at {fspath} (and create=False)")
         if os.path.isdir(fspath):
             raise LedgerError(f"cannot open ledger {fspath}: it is a directory")
         if not create and os.path.getsize(fspath) == 0:
             # Before connecting: setting WAL would write a header into the file.
             raise LedgerError(f"{fspath} is an empty file, not a ledger (and create=False)")
+        if not read_only and os.path.exists(fspath):
+            directory = os.path.dirname(fspath)
+            if not os.access(fspath, os.W_OK) or not os.access(directory, os.W_OK | os.X_OK):
+                # SQLite would open it read-only and fail at the first append.
+                raise LedgerError(
+                    f"cannot open ledger {fspath} for writing: the file or its directory is"
+                    " not writable (a read-only medium?); this command writes to the ledger,"
+                    " while replay, tree, audit and whatif only read it"
+                )
+        if read_only:
+            return await cls._open_read_only(
+                fspath,
+                expect_ledger_id=expect_ledger_id if expect_ledger_id is not None else ledger_id,
+                clock_ms=clock_ms,
+                busy_timeout_ms=busy_timeout_ms,
+                poll_interval=poll_interval,
+            )
         now = clock_ms()
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-ledger")
         loop = asyncio.get_running_loop()
@@ -199,6 +238,12 @@ class SqliteLedger:
             reader.execute("PRAGMA query_only = ON")
         except sqlite3.OperationalError as exc:  # cannot open, locked, read-only, ...
             await _discard(loop, executor, writer, reader)
+            if _is_read_only_error(exc) and os.path.exists(fspath):
+                raise LedgerError(
+                    f"cannot open ledger {fspath} for writing: {exc} (a read-only file,"
+                    " directory or medium?); this command writes to the ledger, while"
+                    " replay, tree, audit and whatif only read it"
+                ) from None
             raise LedgerError(f"cannot open ledger {fspath}: {exc}") from None
         except sqlite3.DatabaseError as exc:  # "file is not a database", corruption
             await _discard(loop, executor, writer, reader)
@@ -206,6 +251,9 @@ class SqliteLedger:
         except sqlite3.Error as exc:
             await _discard(loop, executor, writer, reader)
             raise LedgerError(f"cannot open ledger {fspath}: {exc}") from None
+        except (ValueError, TypeError) as exc:  # undecodable names or values: damage
+            await _discard(loop, executor, writer, reader)
+            raise LedgerError(f"{fspath} is not a readable quotaledger ledger: {exc}") from None
         except BaseException:
             await _discard(loop, executor, writer, reader)
             raise
@@ -226,6 +274,72 @@ class SqliteLedger:
             busy_timeout_ms=busy_timeout_ms,
             poll_interval=poll_interval,
         )
+
+    @classmethod
+    async def _open_read_only(
+        cls,
+        fspath: str,
+        *,
+        expect_ledger_id: str | None,
+        clock_ms: Callable[[], int],
+        busy_timeout_ms: int,
+        poll_interval: float,
+    ) -> SqliteLedger:
+        """Open for reading only: ``mode=ro``, else ``immutable=1`` (see module doc)."""
+        reader: sqlite3.Connection | None = None
+        # Where the file and its directory are writable, a query-only read-write
+        # connection reads as before (its last close removes the -wal/-shm files);
+        # elsewhere mode=ro, then immutable=1 (module docstring).
+        writable = os.access(fspath, os.W_OK) and os.access(os.path.dirname(fspath), os.W_OK)
+        tries = ("mode=rw", *READ_ONLY_PARAMS) if writable else READ_ONLY_PARAMS
+        try:
+            reader, params = _connect_read_only(fspath, busy_timeout_ms, tries)
+            tables = {
+                _as_bytes(row[0]).decode()
+                for row in reader.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+            if not tables:
+                raise LedgerError(f"{fspath} is an empty file, not a ledger")
+            found = _retry_busy(busy_timeout_ms, _check_file, reader, fspath, tables)
+        except sqlite3.OperationalError as exc:
+            if reader is not None:
+                reader.close()
+            raise LedgerError(f"cannot open ledger {fspath} for reading: {exc}") from None
+        except sqlite3.DatabaseError as exc:
+            if reader is not None:
+                reader.close()
+            raise LedgerError(f"{fspath} is not a quotaledger ledger: {exc}") from None
+        except (ValueError, TypeError) as exc:  # undecodable names or values: damage
+            if reader is not None:
+                reader.close()
+            raise LedgerError(f"{fspath} is not a readable quotaledger ledger: {exc}") from None
+        except BaseException:
+            if reader is not None:
+                reader.close()
+            raise
+        if expect_ledger_id is not None and expect_ledger_id != found:
+            reader.close()
+            raise LedgerMismatch(
+                f"ledger {fspath} has ledger_id {found!r}, expected {expect_ledger_id!r}: "
+                "refusing to mix two histories"
+            )
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-ledger")
+        return cls(
+            fspath,
+            found,
+            None,
+            reader,
+            executor,
+            clock_ms=clock_ms,
+            busy_timeout_ms=busy_timeout_ms,
+            poll_interval=poll_interval,
+            read_params=params,
+        )
+
+    @property
+    def read_only(self) -> bool:
+        """True when opened with ``read_only`` (nothing can be written)."""
+        return self._wconn is None
 
     async def __aenter__(self) -> SqliteLedger:
         return self
@@ -268,6 +382,7 @@ class SqliteLedger:
         after that, the batch may or may not be committed.
         """
         self._check_open()
+        self._check_writable("append to")
         items = list(batch)
         for item in items:
             if not isinstance(item, Append):
@@ -321,6 +436,7 @@ class SqliteLedger:
 
         Returns the first offset of each batch.
         """
+        assert self._wconn is not None
         firsts = _write_transaction(self._wconn, self._busy_timeout_ms, _insert, batches, now)
         self.commit_count += 1
         return firsts
@@ -372,7 +488,7 @@ class SqliteLedger:
             rows = self._rconn.execute(_SELECT_FROM, (offset, limit)).fetchall()
         except sqlite3.Error as exc:
             raise LedgerError(f"reading ledger {self._path} failed: {exc}") from None
-        return list(starmap(Record, rows))
+        return _to_records(rows, self._path)
 
     def iter_batches(self, from_offset: int = 0, batch: int = 5000) -> Iterator[list[Record]]:
         """Synchronously yield all records from ``from_offset`` up to the tail.
@@ -386,7 +502,7 @@ class SqliteLedger:
         if batch < 1:
             raise ValueError(f"batch must be >= 1, not {batch}")
         try:
-            conn = _connect(self._path, "rw", self._busy_timeout_ms)
+            conn = _connect(self._path, self._read_params, self._busy_timeout_ms)
             conn.execute("PRAGMA query_only = ON")
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot read ledger {self._path}: {exc}") from None
@@ -399,7 +515,7 @@ class SqliteLedger:
                     raise LedgerError(f"reading ledger {self._path} failed: {exc}") from None
                 if not rows:
                     return
-                records = list(starmap(Record, rows))
+                records = _to_records(rows, self._path)
                 yield records
                 if len(records) < batch:
                     return
@@ -415,7 +531,9 @@ class SqliteLedger:
         except sqlite3.Error as exc:
             raise LedgerError(f"reading ledger {self._path} failed: {exc}") from None
         value = rows[0][0]
-        return -1 if value is None else int(value)
+        if value is not None and type(value) is not int:
+            raise LedgerError(f"ledger {self._path} is damaged: last offset {value!r}")
+        return -1 if value is None else value
 
     # ------------------------------------------------------------- snapshots
 
@@ -426,36 +544,50 @@ class SqliteLedger:
         ``0..offset`` of this ledger.
         """
         self._check_open()
+        self._check_writable("save a snapshot to")
         if not isinstance(snapshot.blob, bytes):
             raise TypeError(f"Snapshot.blob must be bytes, not {type(snapshot.blob).__name__}")
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._executor, self._save_snapshot, snapshot)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, ValueError) as exc:  # ValueError: a damaged schema
             raise LedgerError(f"saving a snapshot to {self._path} failed: {exc}") from None
 
     def _save_snapshot(self, snapshot: Snapshot) -> None:
+        assert self._wconn is not None
         _write_transaction(self._wconn, self._busy_timeout_ms, _insert_snapshot, snapshot)
 
     async def load_snapshot(self, at_most: int | None = None) -> Snapshot | None:
         """The newest snapshot whose offset is ``<= at_most`` (the newest if None)."""
         self._check_open()
         try:
+            has_meta = _snapshot_columns(self._rconn) >= set(_SNAPSHOT_META)
+            columns = "offset, blob, digest, state_hash, checksum" if has_meta else "offset, blob"
             if at_most is None:
                 rows = self._rconn.execute(
-                    "SELECT offset, blob FROM snapshots ORDER BY offset DESC LIMIT 1"
+                    f"SELECT {columns} FROM snapshots ORDER BY offset DESC LIMIT 1"
                 ).fetchall()
             else:
                 rows = self._rconn.execute(
-                    "SELECT offset, blob FROM snapshots WHERE offset <= ? "
+                    f"SELECT {columns} FROM snapshots WHERE offset <= ? "
                     "ORDER BY offset DESC LIMIT 1",
                     (at_most,),
                 ).fetchall()
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, ValueError) as exc:
             raise LedgerError(f"reading a snapshot from {self._path} failed: {exc}") from None
         if not rows:
             return None
-        return Snapshot(offset=int(rows[0][0]), blob=_as_bytes(rows[0][1]))
+        row = rows[0]
+        if type(row[0]) is not int or not isinstance(row[1], bytes | str):
+            raise LedgerError(f"the snapshot table of {self._path} is damaged")
+        meta = [_text_or_none(value) for value in row[2:5]] if has_meta else [None] * 3
+        return Snapshot(
+            offset=int(row[0]),
+            blob=_as_bytes(row[1]),
+            digest=meta[0],
+            state_hash=meta[1],
+            checksum=meta[2],
+        )
 
     # ----------------------------------------------------------------- close
 
@@ -472,13 +604,18 @@ class SqliteLedger:
         # The writer connection closes last, on its thread: the last close
         # checkpoints the WAL, which should not block the event loop.
         self._rconn.close()
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._wconn.close)
+        if self._wconn is not None:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._executor, self._wconn.close)
         self._executor.shutdown(wait=True)
 
     def _check_open(self) -> None:
         if self._closing:
             raise LedgerError(f"ledger {self._path} is closed")
+
+    def _check_writable(self, what: str) -> None:
+        if self._wconn is None:
+            raise LedgerError(f"ledger {self._path} is open read-only: cannot {what} it")
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -488,18 +625,39 @@ class SqliteLedger:
 # ------------------------------------------------------------------ helpers
 
 
+def _to_records(rows: list[Any], path: str) -> list[Record]:
+    """Rows as records; a row whose columns do not have their types (a damaged
+    page can hold anything) is a :class:`LedgerError` naming it."""
+    records = list(starmap(Record, rows))
+    for record in records:
+        if type(record.offset) is not int or type(record.ts) is not int:
+            raise LedgerError(
+                f"ledger {path} is damaged: record {record.offset!r} has ts {record.ts!r}"
+            )
+        if type(record.payload) is not bytes:
+            raise LedgerError(
+                f"ledger {path} is damaged: record {record.offset} has a"
+                f" {type(record.payload).__name__} payload"
+            )
+    return records
+
+
 def _append_error(exc: Exception) -> Exception:
     if isinstance(exc, LedgerError):
         return LedgerError(str(exc))
-    if isinstance(exc, sqlite3.Error):
+    if isinstance(exc, sqlite3.Error | ValueError | TypeError):  # the two: damage
         return LedgerError(f"append failed, nothing of this batch was written: {exc}")
     return exc
 
 
-def _connect(path: str, mode: str, busy_timeout_ms: int) -> sqlite3.Connection:
-    """A connection in autocommit mode (transactions are explicit)."""
+def _connect(path: str, params: str, busy_timeout_ms: int) -> sqlite3.Connection:
+    """A connection in autocommit mode (transactions are explicit).
+
+    ``params`` is the URI query: a bare mode (``rw``, ``rwc``) or ``mode=...&...``.
+    """
+    query = params if "=" in params else f"mode={params}"
     conn = sqlite3.connect(
-        f"file:{quote(path)}?mode={mode}",
+        f"file:{quote(path)}?{query}",
         uri=True,
         timeout=busy_timeout_ms / 1000,
         isolation_level=None,
@@ -508,6 +666,61 @@ def _connect(path: str, mode: str, busy_timeout_ms: int) -> sqlite3.Connection:
     conn.text_factory = bytes
     conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
     return conn
+
+
+#: URI queries for reading, in the order tried (DESIGN §9 read-only media).
+READ_ONLY_PARAMS = ("mode=ro", "mode=ro&immutable=1")
+
+
+def _connect_read_only(
+    path: str, busy_timeout_ms: int, tries: Sequence[str] = READ_ONLY_PARAMS
+) -> tuple[sqlite3.Connection, str]:
+    """A query-only connection, and the URI query it took (the first of ``tries``
+    that opens). Only ``mode=rw`` may touch the file (its last close checkpoints
+    and removes the ``-wal``/``-shm``); the read-only queries never do.
+
+    ``mode=ro`` reads a WAL ledger while other processes write it, but needs
+    the ``-shm`` file (created if missing); where that cannot be created (a
+    read-only directory or medium) ``immutable=1`` reads the file as it is.
+    """
+    failure: sqlite3.OperationalError | None = None
+    for params in tries:
+        conn: sqlite3.Connection | None = None
+        try:
+            conn = _connect(path, params, busy_timeout_ms)
+            conn.execute("PRAGMA query_only = ON")
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchall()
+        except sqlite3.OperationalError as exc:
+            if conn is not None:
+                conn.close()
+            if _is_busy(exc):
+                raise
+            failure = exc
+            continue
+        return conn, params
+    assert failure is not None
+    raise failure
+
+
+def _is_read_only_error(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None and (code & 0xFF) in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN):
+        return True
+    text = str(exc)
+    return "readonly" in text or "read-only" in text or "unable to open" in text
+
+
+def _snapshot_columns(conn: sqlite3.Connection) -> set[str]:
+    return {_as_bytes(row[1]).decode() for row in conn.execute("PRAGMA table_info(snapshots)")}
+
+
+def _text_or_none(value: object) -> str | None:
+    if value is None:
+        return None
+    try:
+        return _as_bytes(value).decode("utf-8")
+    except (LedgerError, UnicodeDecodeError):
+        return None
 
 
 _T = TypeVar("_T")
@@ -593,9 +806,19 @@ def _insert_snapshot(conn: sqlite3.Connection, snapshot: Snapshot) -> None:
         raise LedgerError(
             f"snapshot offset {snapshot.offset} is outside the ledger (last offset {last})"
         )
+    missing = [c for c in _SNAPSHOT_META if c not in _snapshot_columns(conn)]
+    for column in missing:  # a file from before the columns existed
+        conn.execute(f"ALTER TABLE snapshots ADD COLUMN {column} TEXT")
     conn.execute(
-        "INSERT OR REPLACE INTO snapshots (offset, blob) VALUES (?, ?)",
-        (snapshot.offset, snapshot.blob),
+        "INSERT OR REPLACE INTO snapshots (offset, blob, digest, state_hash, checksum)"
+        " VALUES (?, ?, ?, ?, ?)",
+        (
+            snapshot.offset,
+            snapshot.blob,
+            snapshot.digest,
+            snapshot.state_hash,
+            snapshot.checksum,
+        ),
     )
 
 

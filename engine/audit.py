@@ -1,8 +1,10 @@
-"""Audit: explain every decision of a ledger and re-derive it from the facts (DESIGN §7).
+"""Audit: re-derive every decision of a ledger from the facts and check its digests
+(DESIGN §7 audit, §9 integrity). This module decides; :mod:`.audit_words` says it.
 
-The ledger is folded in order. Each preemption decision is checked against what
-the reconcilers' pure functions (:mod:`quotaledger.projections.plans`) decide on
-the state the decision names as its ``basis``:
+The ledger is folded from offset 0 (audit never starts from a snapshot). Each
+preemption decision is checked against what the reconcilers' pure functions
+(:mod:`quotaledger.projections.plans`) decide on the state the decision names as
+its ``basis``:
 
 * ``PreemptionStarted`` — a timer of that cause was armed for the queue and due
   at the decision's ts (quota-decrease: the queue's deadline, with
@@ -12,10 +14,19 @@ the state the decision names as its ``basis``:
 * ``EvictionRequested`` — the pods and their order are the plan's victims;
 * ``PreemptionFinished`` — every eviction had an outcome, nothing the plan chose
   was left out, and the outcome and claimed amounts follow §8 rule 26 from the
-  evictions' outcomes.
+  evictions' outcomes;
+* ``ClocksObserved`` — every clock started owes (starves) at the basis, every
+  stopped one does not;
+* ``LedgerDigest`` — its ``state_hash`` is the hash of the state re-derived
+  through ``through``.
 
-A decision the projection itself refused (the one-preemption-per-queue guard,
-a stale epoch, an unknown preemption) is flagged with the projection's reason.
+A decision the projection refused (the one-preemption-per-queue guard, a stale
+epoch) is reported as refused, with the re-derivation's notes, and not flagged.
+
+The digest chain (:class:`DigestAudit`) is checked in the same pass: every
+``LedgerDigest`` record and every digest given from elsewhere must equal
+``d(through)`` of the records as they are; a mismatch names the records that
+changed (between the last digest that matched and the first that does not).
 
 Pure apart from reading records through a callable: no clock, no writes. A
 second, lagging projection is advanced to each decision's basis; records between
@@ -25,12 +36,15 @@ than the buffer keeps) refolds it from offset 0.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from quotaledger.events.codec import EventError, decode_event, peek_kind
+from quotaledger.events.digest import DigestChain, next_digest
 from quotaledger.events.ledger import Record
 from quotaledger.events.model import (
     DECISION_TYPES,
@@ -40,27 +54,28 @@ from quotaledger.events.model import (
     EvictionRequested,
     EvictionSucceeded,
     FactRejected,
-    PodUpserted,
+    LedgerDigest,
     PreemptionFinished,
     PreemptionStarted,
     kind_of,
 )
-from quotaledger.events.quantity import format_amount
-from quotaledger.projections import Projection, rfc3339
-from quotaledger.projections.clocks import (
-    free_capacity,
-    is_owing,
-    is_starving,
-    owed,
-    sampled,
-)
+from quotaledger.projections import Projection, rfc3339, state_hash
+from quotaledger.projections.clocks import free_capacity, is_owing, is_starving
 from quotaledger.projections.derive import settle
-from quotaledger.projections.guard import delay_ms
 from quotaledger.projections.plans import Plan, Victim
 from quotaledger.projections.state import ProjectedState
 
+from .audit_findings import AuditReport, DigestCheck, Finding, Problem
+from .audit_words import (
+    clocks_words,
+    explain_words,
+    pod_words,
+    rl,
+    why_decrease,
+    why_overuse,
+    why_reclaim,
+)
 from .core import EngineCore, Timer, timers
-from .render import amounts
 
 #: Kinds written by the engine only (DESIGN §4).
 DECISION_KINDS = frozenset({"LedgerOpened", *(t.__name__ for t in DECISION_TYPES)})
@@ -81,205 +96,6 @@ BUFFER_LIMIT = 50_000
 RecordSource = Callable[[int], Iterable[Record]]
 
 
-# ----------------------------------------------------------------- wording
-
-
-def num(resource: str, amount: int) -> str:
-    """An amount without its resource name: ``80Gi``, ``1.5``, ``500m``."""
-    return format_amount(resource, amount).removesuffix(f" {resource}")
-
-
-#: Names listed in a text line before "and N more".
-FIRST_FEW = 5
-
-
-def _first_few(names: list[str]) -> str:
-    """``a, b, c, d, e and 3,412 more (3,417)`` for a long list; the whole short one."""
-    if len(names) <= FIRST_FEW:
-        return ", ".join(names)
-    return (
-        ", ".join(names[:FIRST_FEW])
-        + f" and {len(names) - FIRST_FEW:,} more ({len(names):,} in all)"
-    )
-
-
-def _rl(values: Mapping[str, int] | None) -> str:
-    return amounts(dict(values) if values is not None else None, unlimited="unlimited")
-
-
-def _seconds(ms: int) -> str:
-    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms / 1000:g}s"
-
-
-def _sort_words(explain: Mapping[str, Any]) -> str:
-    key = explain.get("sort_key") or {}
-    created = key.get("created_at")
-    parts = []
-    if "originator" in key:
-        parts.append("originator" if key["originator"] else "non-originator")
-    if "common_ancestor_depth" in key:
-        parts.append(f"common ancestor at depth {key['common_ancestor_depth']}")
-    parts.append(f"priority {key.get('priority', 0)}")
-    if "allow_preemption" in key:
-        parts.append(
-            "allows preemption" if key["allow_preemption"] else "does not allow preemption"
-        )
-    if isinstance(created, str) and created.endswith("+00:00"):
-        created = created.removesuffix("+00:00") + "Z"
-    parts.append(f"created {created}" if created else "no created_at (counts as oldest)")
-    return ", ".join(parts)
-
-
-def _pod_words(pod: PodUpserted) -> str:
-    created = pod.created_at.isoformat() if pod.created_at is not None else None
-    return _sort_words(
-        {
-            "sort_key": {
-                "originator": pod.originator,
-                "priority": pod.priority,
-                "allow_preemption": pod.allow_preemption,
-                "created_at": created,
-            }
-        }
-    )
-
-
-def _explain_words(explain: Mapping[str, Any]) -> str:
-    """An eviction's ``explain`` in words: rule, rank and order, the numbers."""
-    rule = str(explain.get("rule", "?"))
-    words = [
-        f"rule {rule}, rank {explain.get('rank')} in the order {RULE_ORDER.get(rule, '?')}"
-        f" — {_sort_words(explain)}"
-    ]
-    queue = explain.get("queue")
-    leaf = explain.get("leaf")
-    split = leaf is not None and leaf != queue
-    own = f"{leaf} " if split else ""
-    numbers = [f"{own}used {_rl(explain.get('used'))}"]
-    if "runtime" in explain:
-        numbers.append(f"runtime {_rl(explain.get('runtime'))}")
-    if "guaranteed" in explain:
-        numbers.append(f"{own}guaranteed {_rl(explain.get('guaranteed'))}")
-    if "max" in explain:
-        numbers.append(
-            f"{queue}'s max {_rl(explain.get('max'))}"
-            if split
-            else f"max {_rl(explain.get('max'))}"
-        )
-    if "owed" in explain:
-        numbers.append(f"owed {_rl(explain.get('owed'))}")
-    words.append(", ".join(numbers))
-    target = f"target {_rl(explain.get('target'))}"
-    if split:
-        target = f"{leaf}'s share of {queue}'s {target}"
-    if "for_pod" in explain:
-        target += f" for starving pod {explain['for_pod']} in {explain.get('for_queue')}"
-    words.append(target)
-    return "; ".join(words)
-
-
-RULE_ORDER = {
-    "quota-decrease": "non-originator first, lower priority, allow_preemption first, younger, uid",
-    "reclaim": "owing quotas nearest the starving pod first (deeper common ancestor), lower"
-    " priority, later start, uid; each owing quota gives at most what it owed",
-    "overuse": "least important first (lower priority, later start, uid); the most important"
-    " removed pods that still fit under runtime are added back",
-}
-
-
-# ----------------------------------------------------------------- findings
-
-
-@dataclass(slots=True)
-class Finding:
-    """One audited decision: what it says, why (in words), and what is wrong with it."""
-
-    offset: int
-    ts: int
-    kind: str
-    queue: str | None = None
-    preemption_id: str | None = None
-    pod_uid: str | None = None
-    explanation: str = ""
-    problems: list[str] = field(default_factory=list)
-    #: A shorter explanation for the text report, when the full one is long
-    #: (a ClocksObserved naming thousands of quotas); JSON keeps the full one.
-    summary: str | None = None
-
-    @property
-    def justified(self) -> bool:
-        return not self.problems
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "offset": self.offset,
-            "at": rfc3339(self.ts),
-            "kind": self.kind,
-            "queue": self.queue,
-            "preemption_id": self.preemption_id,
-            "pod_uid": self.pod_uid,
-            "explanation": self.explanation,
-            "justified": self.justified,
-            "problems": list(self.problems),
-        }
-
-    def text(self) -> str:
-        lines = [("FLAGGED " if self.problems else "") + (self.summary or self.explanation)]
-        lines.extend(f"  ! {problem}" for problem in self.problems)
-        return "\n".join(lines)
-
-
-@dataclass(slots=True)
-class AuditReport:
-    """Every audited decision in ledger order."""
-
-    findings: list[Finding] = field(default_factory=list)
-    records: int = 0
-    unfinished: list[str] = field(default_factory=list)
-
-    @property
-    def flagged(self) -> int:
-        return sum(1 for finding in self.findings if finding.problems)
-
-    def for_pod(self, uid: str) -> AuditReport:
-        """Decisions concerning one pod: its evictions (and their outcomes) and
-        the start and finish of the preemptions that requested them (or that
-        reclaim for it)."""
-        preemptions = {
-            f.preemption_id
-            for f in self.findings
-            if f.pod_uid == uid and f.preemption_id is not None
-        }
-        kept = [
-            f
-            for f in self.findings
-            if f.pod_uid == uid
-            or (
-                f.preemption_id in preemptions
-                and f.kind in ("PreemptionStarted", "PreemptionFinished")
-            )
-        ]
-        return AuditReport(kept, self.records, [p for p in self.unfinished if p in preemptions])
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "decisions": [finding.to_json() for finding in self.findings],
-            "flagged": self.flagged,
-            "records": self.records,
-            "unfinished": list(self.unfinished),
-        }
-
-    def text(self) -> str:
-        parts = [finding.text() for finding in self.findings]
-        for preemption_id in self.unfinished:
-            parts.append(f"preemption {preemption_id} is still running at the end of the ledger")
-        parts.append(
-            f"{len(self.findings)} decision(s) audited over {self.records} record(s);"
-            f" {self.flagged} flagged"
-        )
-        return "\n".join(parts)
-
-
 @dataclass(slots=True)
 class _Expected:
     """What the re-derivation says a preemption should do."""
@@ -294,22 +110,32 @@ class _Expected:
 
 
 class _Lagging:
-    """A projection folded up to a basis, behind the main fold."""
+    """A projection folded up to a basis, behind the main fold.
 
-    def __init__(self, source: RecordSource) -> None:
+    ``projection`` is at some offset p, ``buffer`` holds the records p+1..fed
+    that the main fold has passed. A basis before p, or records missing between
+    p and the buffer (a fold that started mid-ledger), refold from offset 0.
+    """
+
+    def __init__(self, source: RecordSource, fed: int = -1) -> None:
         self.source = source
         self.projection = Projection()
+        self.fed = fed
         self.buffer: deque[Record] = deque()  # records after projection's offset, in order
         self.refolds = 0
 
     def push(self, record: Record) -> None:
         self.buffer.append(record)
+        self.fed = record.offset
         while len(self.buffer) > BUFFER_LIMIT:
             self.projection.apply_record(self.buffer.popleft())
 
     def at(self, basis: int) -> ProjectedState:
         """The state folded through ``basis`` (which the main fold has passed)."""
-        if basis < self.projection.state.offset:
+        offset = self.projection.state.offset
+        if basis < offset or (
+            basis > offset and (not self.buffer or self.buffer[0].offset != offset + 1)
+        ):
             self._refold(basis)
         while self.buffer and self.buffer[0].offset <= basis:
             self.projection.apply_record(self.buffer.popleft())
@@ -318,13 +144,14 @@ class _Lagging:
     def _refold(self, basis: int) -> None:
         self.refolds += 1
         keep = list(self.buffer)
-        end = keep[0].offset if keep else None
+        end = keep[0].offset if keep else self.fed + 1
         projection = Projection()
         pending: list[Record] = []
+        limit = min(basis, end - 1)  # the buffer holds the rest
         for record in self.source(0):
-            if record.offset <= basis:
+            if record.offset <= limit:
                 projection.apply_record(record)
-            elif end is None or record.offset < end:
+            elif record.offset < end:
                 pending.append(record)
             else:
                 break
@@ -332,21 +159,166 @@ class _Lagging:
         self.buffer = deque(pending + keep)
 
 
+# ----------------------------------------------------------------- the digest chain
+
+
+class DigestAudit:
+    """The digest chain of the records as they are, checked against every digest
+    recorded (``LedgerDigest``) or given (``--digest OFFSET:HEX``).
+
+    A mismatch at ``through`` means some record in ``0..through`` changed since
+    the digest was taken; as every digest that matched covers its records, the
+    change lies after the last matching ``through`` below it. When an earlier
+    digest failed too, the records between it and this one are re-hashed from
+    that recorded digest: if they match, the change is the earlier one's.
+    """
+
+    def __init__(self, source: RecordSource, given: Mapping[int, bytes] | None = None) -> None:
+        self.source = source
+        self.chain = DigestChain(keep=1 << 16)
+        self.given = dict(given or {})
+        self.good: list[int] = []  # sorted throughs whose digest matched
+        self.recorded: dict[int, bytes] = {}  # through -> a digest that did not match
+        self.checks: list[DigestCheck] = []
+
+    def feed(self, record: Record) -> None:
+        self.chain.update(record)
+        wanted = self.given.pop(record.offset, None)
+        if wanted is not None:
+            self.checks.append(self._check(record.offset, wanted, None))
+
+    def feed_alone(self, record: Record) -> None:
+        """:meth:`feed`, and check the record if it is a ``LedgerDigest`` (the
+        chain pass of a parallel audit, which folds nothing)."""
+        self.feed(record)
+        if peek_kind(record.payload) == "LedgerDigest":
+            try:
+                event = decode_event(record.payload)
+            except EventError:
+                return
+            if isinstance(event, LedgerDigest):
+                self.check_record(record.offset, event)
+
+    def check_record(self, offset: int, event: LedgerDigest) -> DigestCheck:
+        """A ``LedgerDigest`` at ``offset`` (fed already)."""
+        if not 0 <= event.through < offset:
+            problem = Problem("through-not-before", {"through": event.through, "offset": offset})
+            check = DigestCheck(event.through, event.digest, offset, problems=[problem])
+            self.checks.append(check)
+            return check
+        try:
+            wanted = bytes.fromhex(event.digest)
+        except ValueError:
+            wanted = b""
+        check = self._check(event.through, wanted, offset, event.digest)
+        self.checks.append(check)
+        return check
+
+    def finish(self) -> None:
+        """Digests given for offsets the ledger does not reach: records removed."""
+        for through, wanted in sorted(self.given.items()):
+            problem = Problem("beyond-end", {"through": through, "last": self.chain.through})
+            self.checks.append(DigestCheck(through, wanted.hex(), None, problems=[problem]))
+        self.given.clear()
+
+    def digest_at(self, through: int) -> bytes:
+        """``d(through)`` of the records as they are (re-read when no longer kept)."""
+        known = self.chain.at(through)
+        if known is not None:
+            return known
+        chain = DigestChain()
+        for record in self.source(0):
+            chain.update(record)
+            if record.offset == through:
+                break
+        return chain.digest
+
+    def _check(
+        self, through: int, wanted: bytes, offset: int | None, shown: str | None = None
+    ) -> DigestCheck:
+        actual = self.digest_at(through)
+        recorded = shown if shown is not None else wanted.hex()
+        check = DigestCheck(through, recorded, offset, actual.hex())
+        if actual == wanted:
+            bisect.insort(self.good, through)
+            return check
+        below = bisect.bisect_left(self.good, through)
+        first = (self.good[below - 1] + 1) if below else 0
+        data: dict[str, Any] = {
+            "through": through,
+            "recorded": recorded,
+            "actual": actual.hex(),
+            "first": first,
+            "last": through,
+            "consistent_after": None,
+        }
+        earlier = [t for t in self.recorded if first <= t < through]
+        if earlier:
+            anchor = max(earlier)
+            if self._segment(anchor, self.recorded[anchor], through) == wanted:
+                data["consistent_after"] = anchor
+            else:
+                data["first"] = anchor + 1
+        if len(wanted) == 32:
+            self.recorded[through] = wanted
+        check.problems.append(Problem("digest-mismatch", data))
+        return check
+
+    def _segment(self, after: int, seed: bytes, through: int) -> bytes:
+        """The chain over records ``after+1..through`` started from ``seed``."""
+        digest = seed
+        for record in self.source(after + 1):
+            if record.offset > through:
+                break
+            digest = next_digest(digest, record.offset, record.ts, record.payload)
+        return digest
+
+
 # ----------------------------------------------------------------- the auditor
 
 
 class Auditor:
-    """Feeds records in order; collects a :class:`Finding` per decision."""
+    """Feeds records in order; collects a :class:`Finding` per decision and a
+    :class:`DigestCheck` per digest."""
 
-    def __init__(self, source: RecordSource) -> None:
-        self.main = Projection()
-        self.lagging = _Lagging(source)
+    def __init__(
+        self,
+        source: RecordSource,
+        *,
+        digests: Mapping[int, bytes] | None = None,
+        start: _Prefix | None = None,
+    ) -> None:
+        """``start``: a segment of a parallel audit (:func:`audit_segment`) starts
+        from the fold of the records before it and checks no digest chain (the
+        parent does); by default the audit starts at offset 0."""
+        self.source = source
+        self.main = start.projection if start is not None else Projection()
+        self.lagging = _Lagging(source, self.main.state.offset)
         self.report = AuditReport()
         self.expected: dict[str, _Expected] = {}
-        self.eviction_pods: dict[str, str] = {}
+        self.eviction_pods: dict[str, str] = dict(start.eviction_pods) if start else {}
+        #: preemption id -> (offset of its PreemptionStarted, pods requested since),
+        #: for preemptions started before a segment (re-derived when referenced).
+        self.pending_starts = dict(start.starts) if start else {}
+        self.chain: DigestAudit | None = None if start else DigestAudit(source, digests)
+        #: State hash problems of LedgerDigest records, by offset (segments only).
+        self.hash_problems: list[tuple[int, Problem]] = []
+        self.next_offset = self.main.state.offset + 1
+        self.stopped = False
 
     def feed(self, record: Record) -> None:
+        if self.stopped:
+            return
+        if record.offset != self.next_offset:
+            self.report.damage.append(
+                Problem("gap", {"expected": self.next_offset, "found": record.offset})
+            )
+            self.stopped = True
+            return
+        self.next_offset += 1
         self.report.records += 1
+        if self.chain is not None:
+            self.chain.feed(record)
         try:
             event: Event | None = decode_event(record.payload)
         except EventError:
@@ -371,15 +343,53 @@ class Auditor:
                     kind or "?",
                     explanation=f"{rfc3339(record.ts)} #{record.offset} {kind}",
                 )
-            for rejection in reversed(refused):
-                finding.problems.insert(0, f"refused by the projection: {rejection.reason}")
+            finding.refused = "; ".join(rejection.reason for rejection in refused)
         if finding is not None:
             self.report.findings.append(finding)
+        if isinstance(event, LedgerDigest):
+            self._ledger_digest(record, event)
         self.lagging.push(record)
 
     def finish(self) -> AuditReport:
+        if self.chain is not None:
+            self.chain.finish()
+            self.report.digests = self.chain.checks
+            self.report.digest = self.chain.chain.hex
+            self.report.last_offset = self.chain.chain.through
         self.report.unfinished = sorted(self.main.state.preemptions)
         return self.report
+
+    def _expected_for(self, preemption_id: str) -> _Expected | None:
+        """The re-derived plan of a preemption (started before this segment: re-derived
+        now from its ``PreemptionStarted`` record, as the single pass did then)."""
+        expected = self.expected.get(preemption_id)
+        if expected is None and preemption_id in self.pending_starts:
+            offset, requested = self.pending_starts.pop(preemption_id)
+            record = next(iter(self.source(offset)))
+            event = decode_event(record.payload)
+            assert isinstance(event, PreemptionStarted) and record.offset == offset
+            self._started(record, event, "")
+            expected = self.expected[preemption_id]
+            expected.requested = list(requested)
+        return expected
+
+    # ------------------------------------------------------------ LedgerDigest
+
+    def _ledger_digest(self, record: Record, event: LedgerDigest) -> None:
+        """Its digest against the chain, its state hash against the re-derived state."""
+        check = self.chain.check_record(record.offset, event) if self.chain else None
+        if not 0 <= event.through < record.offset:
+            return
+        actual = state_hash(self.lagging.at(event.through))
+        if actual != event.state_hash:
+            problem = Problem(
+                "state-hash-mismatch",
+                {"through": event.through, "recorded": event.state_hash, "actual": actual},
+            )
+            if check is not None:
+                check.problems.append(problem)
+            else:
+                self.hash_problems.append((record.offset, problem))
 
     # ------------------------------------------------------------ dispatch
 
@@ -402,29 +412,16 @@ class Auditor:
         """Every clock started must owe (starve) at the basis, every stopped one not
         (DECISIONS 13): the clocks that justify revoke and reclaim deadlines."""
         finding = Finding(record.offset, record.ts, "ClocksObserved")
-        parts = []
-        short = []
-        for label, started, stopped in (
-            ("owing", event.owing_started, event.owing_stopped),
-            ("starving", event.starving_started, event.starving_stopped),
-        ):
-            if started:
-                names = [f"{k} (since {rfc3339(v)})" for k, v in sorted(started.items())]
-                parts.append(f"{label} from now: " + ", ".join(names))
-                short.append(f"{label} from now: " + _first_few(names))
-            if stopped:
-                parts.append(f"{label} no more: " + ", ".join(sorted(stopped)))
-                short.append(f"{label} no more: " + _first_few(sorted(stopped)))
-        lead = f"{head} clocks sampled at basis #{event.basis}: "
-        finding.explanation = lead + "; ".join(parts)
-        if short != parts:
-            finding.summary = lead + "; ".join(short) + " (audit --json lists all)"
-        if not 0 <= event.basis < record.offset:
+        finding.explanation, finding.summary = clocks_words(event, head)
+        basis = event.basis
+        if not 0 <= basis < record.offset:
             finding.problems.append(
-                f"basis #{event.basis} is not a record before this one (#{record.offset})"
+                Problem(
+                    "basis-not-before", {"basis": basis, "offset": record.offset, "what": "one"}
+                )
             )
             return finding
-        state = self.lagging.at(event.basis)
+        state = self.lagging.at(basis)
         settle(state)
         free = free_capacity(state)
 
@@ -437,16 +434,16 @@ class Auditor:
 
         for name in sorted(event.owing_started):
             if not owes(name):
-                finding.problems.append(f"{name} did not owe at basis #{event.basis}")
+                finding.problems.append(Problem("did-not-owe", {"name": name, "basis": basis}))
         for name in event.owing_stopped:
             if owes(name):
-                finding.problems.append(f"{name} still owed at basis #{event.basis}")
+                finding.problems.append(Problem("still-owed", {"name": name, "basis": basis}))
         for uid in sorted(event.starving_started):
             if not starves(uid):
-                finding.problems.append(f"pod {uid} was not starving at basis #{event.basis}")
+                finding.problems.append(Problem("not-starving", {"uid": uid, "basis": basis}))
         for uid in event.starving_stopped:
             if starves(uid):
-                finding.problems.append(f"pod {uid} was still starving at basis #{event.basis}")
+                finding.problems.append(Problem("still-starving", {"uid": uid, "basis": basis}))
         return finding
 
     # ------------------------------------------------------------ PreemptionStarted
@@ -460,36 +457,41 @@ class Auditor:
             preemption_id=event.preemption_id,
             pod_uid=event.pod_uid,
         )
+        self.pending_starts.pop(event.preemption_id, None)
         basis = event.basis
-        recorded = f"target {_rl(event.target)}, basis #{basis}"
+        recorded = f"target {rl(event.target)}, basis #{basis}"
         if not 0 <= basis < record.offset:
             finding.explanation = f"{head} {event.cause} preemption on {event.queue}: {recorded}."
             finding.problems.append(
-                f"basis #{basis} is not a record before this decision (#{record.offset})"
+                Problem(
+                    "basis-not-before",
+                    {"basis": basis, "offset": record.offset, "what": "decision"},
+                )
             )
             self.expected[event.preemption_id] = _Expected(event.queue, event.cause, None)
             return finding
         state = self.lagging.at(basis)
         if event.queue not in state.quotas:
             finding.explanation = f"{head} {event.cause} preemption on {event.queue}: {recorded}."
-            finding.problems.append(f"quota {event.queue!r} did not exist at basis #{basis}")
+            finding.problems.append(
+                Problem("unknown-quota", {"queue": event.queue, "basis": basis})
+            )
             self.expected[event.preemption_id] = _Expected(event.queue, event.cause, None)
             return finding
         timer = self._due_timer(state, event, record.ts, finding)
         holder = state.occupied.get(event.queue)
         if holder is not None:
             finding.problems.append(
-                f"{event.queue} was occupied by preemption {holder} at basis #{basis}"
-                " (§8 rule 34: a timer waits for the running preemption)"
+                Problem("occupied", {"queue": event.queue, "holder": holder, "basis": basis})
             )
         plan = self._plan(state, event, timer)
         self.expected[event.preemption_id] = _Expected(event.queue, event.cause, plan)
         if event.cause == "quota-decrease":
-            why = self._why_decrease(state, event, timer)
+            why = why_decrease(state, event, timer)
         elif event.cause == "overuse":
-            why = self._why_overuse(state, event, timer)
+            why = why_overuse(state, event, timer)
         elif event.cause == "reclaim":
-            why = self._why_reclaim(state, event, timer)
+            why = why_reclaim(state, event, timer)
         else:
             why = f"{recorded}."
         finding.explanation = (
@@ -499,17 +501,13 @@ class Auditor:
         if plan is None:
             if event.cause == "overuse":
                 finding.problems.append(
-                    f"{event.queue} did not owe anything at basis #{basis}: nothing to revoke"
+                    Problem("nothing-owed", {"queue": event.queue, "basis": basis})
                 )
             else:
-                finding.problems.append(
-                    f"the facts through #{basis} give an empty target: nothing to preempt"
-                    " (§8 rule 21 records nothing)"
-                )
+                finding.problems.append(Problem("empty-target", {"basis": basis}))
         elif plan.target != event.target:
             finding.problems.append(
-                f"recorded target {_rl(event.target)} differs from the re-derived"
-                f" {_rl(plan.target)}"
+                Problem("target-differs", {"recorded": dict(event.target), "derived": plan.target})
             )
         if plan is not None:
             if plan.victims:
@@ -535,32 +533,30 @@ class Auditor:
             return None
         timer = matching[0]
         if timer.deadline > ts:
-            finding.problems.append(
-                f"fired at {rfc3339(ts)}, before its deadline {rfc3339(timer.deadline)}"
-            )
+            finding.problems.append(Problem("early", {"ts": ts, "deadline": timer.deadline}))
         return timer
 
     @staticmethod
-    def _why_no_timer(state: ProjectedState, event: PreemptionStarted) -> str:
+    def _why_no_timer(state: ProjectedState, event: PreemptionStarted) -> Problem:
         settings = state.settings
         queue = event.queue
-        at = f"at basis #{event.basis}"
+        reason = "not-armed"
         if event.cause == "quota-decrease":
             if not settings.quota_preemption_enabled:
-                return f"quota_preemption_enabled was false {at} (§8 rule 19)"
-            return f"no quota-decrease timer was armed for {queue} {at}"
-        if event.cause == "overuse":
+                reason = "quota-preemption-disabled"
+        elif event.cause == "overuse":
             if not settings.revoke_enabled:
-                return f"revoke_enabled was false {at}"
-            if queue in state.owing_held:
-                return (
-                    f"{queue}'s overuse clock was held after its last revoke {at}"
-                    " (§8 rule 29: it restarts with the next fact)"
-                )
-            return f"{queue} was not owing {at}"
-        if event.cause == "reclaim" and not settings.reclaim_enabled:
-            return f"reclaim_enabled was false {at}"
-        return f"no {event.cause} timer was armed for {queue} {at}"
+                reason = "revoke-disabled"
+            elif queue in state.owing_held:
+                reason = "owing-held"
+            else:
+                reason = "not-owing"
+        elif event.cause == "reclaim" and not settings.reclaim_enabled:
+            reason = "reclaim-disabled"
+        return Problem(
+            "no-timer",
+            {"reason": reason, "queue": queue, "cause": event.cause, "basis": event.basis},
+        )
 
     @staticmethod
     def _plan(state: ProjectedState, event: PreemptionStarted, timer: Timer | None) -> Plan | None:
@@ -576,87 +572,6 @@ class Auditor:
             )
         return EngineCore(Projection(state)).plan(timer)
 
-    @staticmethod
-    def _why_decrease(state: ProjectedState, event: PreemptionStarted, timer: Timer | None) -> str:
-        node = state.quotas[event.queue]
-        config = node.config
-        cap = config.max or {}
-        keys = sorted(set(event.target) | {k for k in cap if node.used.get(k, 0) > cap[k]})
-        parts = []
-        over = [k for k in keys if k in cap]
-        if over:
-            exceeded = "; ".join(
-                f"used {k} {num(k, node.used.get(k, 0))} exceeded max {num(k, cap[k])}"
-                for k in over
-            )
-            parts.append(exceeded)
-        delay = delay_ms(config)
-        if timer is not None:
-            parts.append(
-                f"since the change at {rfc3339(timer.deadline - delay)} + delay"
-                f" {_seconds(delay)} (due {rfc3339(timer.deadline)})"
-            )
-        guaranteed = _rl(config.min) if config.min else "nothing"
-        parts.append(f"guaranteed {guaranteed}")
-        clamps = []
-        for k, value in event.target.items():
-            raw = node.used.get(k, 0) - cap.get(k, 0)
-            if k in cap and value < raw:
-                clamps.append(f"{k} {num(k, raw)} over max, but only {num(k, value)} above a min")
-        if clamps:
-            parts.append("limited by the guarantee: " + "; ".join(clamps))
-        parts.append(f"target {_rl(event.target)}")
-        if config.is_parent:
-            parts.append("split among the children by releasable usage (used above min)")
-        return "; ".join(parts) + "."
-
-    @staticmethod
-    def _why_overuse(state: ProjectedState, event: PreemptionStarted, timer: Timer | None) -> str:
-        node = state.quotas[event.queue]
-        gap = owed(node)
-        keys = sorted(gap) or sorted(event.target)
-        cap = node.config.max
-        held = ", ".join(
-            f"{k} {num(k, min(node.used.get(k, 0), (cap or {}).get(k, node.used.get(k, 0))))}"
-            for k in keys
-        )
-        parts = [
-            f"held {held} (min of used and max) above its runtime"
-            f" {', '.join(f'{k} {num(k, node.runtime.get(k, 0))}' for k in keys)}"
-            f" (used {_rl(node.used)}, max {_rl(cap)}, guaranteed {_rl(node.config.min)})"
-        ]
-        since = sampled(state).get(event.queue)
-        after = round(state.settings.revoke_after_s * 1000)
-        if since is not None and timer is not None:
-            parts.append(
-                f"owing continuously since {rfc3339(since)}, longer than revoke_after"
-                f" {_seconds(after)} (due {rfc3339(since + after)})"
-            )
-        parts.append(f"target used − runtime = {_rl(event.target)}")
-        return "; ".join(parts) + "."
-
-    @staticmethod
-    def _why_reclaim(state: ProjectedState, event: PreemptionStarted, timer: Timer | None) -> str:
-        uid = event.pod_uid or "?"
-        pod = state.pods.get(uid)
-        parts = [f"pod {uid} in {event.queue} is starving"]
-        if pod is not None:
-            node = state.quotas[event.queue]
-            parts[0] += (
-                f": pending, requests {_rl(pod.requests)}, which fits {event.queue}'s runtime"
-                f" {_rl(node.runtime)} (used {_rl(node.used)}) but not the cluster's free"
-                " capacity"
-            )
-        after = round(state.settings.reclaim_after_s * 1000)
-        if timer is not None:
-            parts.append(
-                f"starving continuously since {rfc3339(timer.deadline - after)}, longer than"
-                f" reclaim_after {_seconds(after)} (due {rfc3339(timer.deadline)})"
-            )
-        parts.append(f"target request − free = {_rl(event.target)}")
-        parts.append("taken from owing quotas, nearest in the tree first")
-        return "; ".join(parts) + "."
-
     # ------------------------------------------------------------ EvictionRequested
 
     def _requested(self, record: Record, event: EvictionRequested, head: str) -> Finding:
@@ -671,8 +586,8 @@ class Auditor:
         self.eviction_pods[event.eviction_id] = event.pod_uid
         state = self.main.state
         pod = state.pods.get(event.pod_uid)
-        releases = f"; releases {_rl(pod.requests)}" if pod is not None else ""
-        expected = self.expected.get(event.preemption_id)
+        releases = f"; releases {rl(pod.requests)}" if pod is not None else ""
+        expected = self._expected_for(event.preemption_id)
         victim: Victim | None = None
         if expected is not None:
             index = len(expected.requested)
@@ -682,15 +597,15 @@ class Auditor:
                 victim = self._check_victim(event, victims, index, finding)
         words = [f"{head} evict {event.pod_uid} from {event.queue} ({event.preemption_id})"]
         if victim is not None:
-            words.append(": " + _explain_words(victim.explain) + releases + ".")
+            words.append(": " + explain_words(victim.explain) + releases + ".")
         else:
             if event.explain:
-                words.append(": the recorded explain claims " + _explain_words(event.explain))
+                words.append(": the recorded explain claims " + explain_words(event.explain))
             else:
                 words.append(": no explanation recorded")
             if pod is not None:
                 words.append(
-                    f"; {event.pod_uid} itself: {_pod_words(pod)}, requests {_rl(pod.requests)}"
+                    f"; {event.pod_uid} itself: {pod_words(pod)}, requests {rl(pod.requests)}"
                 )
             words.append(".")
         finding.explanation = "".join(words)
@@ -700,33 +615,29 @@ class Auditor:
     def _check_victim(
         event: EvictionRequested, victims: list[Victim], index: int, finding: Finding
     ) -> Victim | None:
-        order = ", ".join(v.pod_uid for v in victims) or "none"
+        order = [v.pod_uid for v in victims]
+        pod = event.pod_uid
         if index >= len(victims):
-            finding.problems.append(
-                f"the rule chooses {len(victims)} victim(s) ({order}); this eviction of"
-                f" {event.pod_uid} is not one of them"
-                if event.pod_uid not in (v.pod_uid for v in victims)
-                else f"{event.pod_uid} was requested more than once"
-            )
+            if pod not in order:
+                finding.problems.append(Problem("not-a-victim", {"pod": pod, "order": order}))
+            else:
+                finding.problems.append(Problem("requested-twice", {"pod": pod}))
             return None
         victim = victims[index]
-        if victim.pod_uid != event.pod_uid:
-            chosen = next((v for v in victims if v.pod_uid == event.pod_uid), None)
+        if victim.pod_uid != pod:
+            chosen = next((v for v in victims if v.pod_uid == pod), None)
+            data = {"pod": pod, "index": index, "victim": victim.pod_uid, "order": order}
             if chosen is None:
-                finding.problems.append(
-                    f"names {event.pod_uid}, which the rule does not choose; victim"
-                    f" #{index + 1} is {victim.pod_uid} (rank {victim.explain.get('rank')}:"
-                    f" {_sort_words(victim.explain)}); the rule's victims: {order}"
-                )
+                data["victim_explain"] = dict(victim.explain)
+                finding.problems.append(Problem("not-chosen", data))
                 return None
-            finding.problems.append(
-                f"{event.pod_uid} is requested out of order: victim #{index + 1} is"
-                f" {victim.pod_uid}; the rule's order: {order}"
-            )
+            finding.problems.append(Problem("out-of-order", data))
             return chosen
         if victim.queue != event.queue:
             finding.problems.append(
-                f"records queue {event.queue}, but {victim.pod_uid} is in {victim.queue}"
+                Problem(
+                    "queue-differs", {"recorded": event.queue, "pod": pod, "queue": victim.queue}
+                )
             )
         if event.explain and dict(event.explain) != dict(victim.explain):
             differing = sorted(
@@ -734,9 +645,7 @@ class Auditor:
                 for key in set(event.explain) | set(victim.explain)
                 if event.explain.get(key) != victim.explain.get(key)
             )
-            finding.problems.append(
-                "recorded explain differs from the re-derived numbers in: " + ", ".join(differing)
-            )
+            finding.problems.append(Problem("explain-differs", {"keys": differing}))
         return victim
 
     # ------------------------------------------------------------ outcomes
@@ -777,7 +686,7 @@ class Auditor:
         reason = f" ({event.reason})" if event.reason else ""
         text = (
             f"{head} preemption {event.preemption_id} on {event.queue} finished {event.outcome}:"
-            f" claimed {_rl(event.claimed)}{reason}"
+            f" claimed {rl(event.claimed)}{reason}"
         )
         state = self.main.settled()
         run = state.preemptions.get(event.preemption_id)
@@ -788,39 +697,35 @@ class Auditor:
         succeeded = [e for e in evictions if e.outcome == "succeeded"]
         failed = [e for e in evictions if e.outcome == "failed"]
         text += (
-            f" of target {_rl(run.target)}; {len(succeeded)} eviction(s) succeeded,"
+            f" of target {rl(run.target)}; {len(succeeded)} eviction(s) succeeded,"
             f" {len(failed)} failed"
         )
         node = state.quotas.get(run.queue)
         if run.cause == "overuse" and node is not None:
-            text += f"; {run.queue} now uses {_rl(node.used)} with runtime {_rl(node.runtime)}"
+            text += f"; {run.queue} now uses {rl(node.used)} with runtime {rl(node.runtime)}"
         finding.explanation = text + "."
         waiting = [e.pod_uid for e in evictions if e.outcome is None]
         if waiting:
-            finding.problems.append(
-                "finished while the eviction of " + ", ".join(waiting) + " had no outcome yet"
-            )
-        expected = self.expected.get(event.preemption_id)
+            finding.problems.append(Problem("finished-early", {"waiting": waiting}))
+        expected = self._expected_for(event.preemption_id)
         if expected is not None and expected.plan is not None:
             missing = [
                 v.pod_uid for v in expected.plan.victims if v.pod_uid not in expected.requested
             ]
             if missing:
-                finding.problems.append(
-                    "the rule's victim(s) " + ", ".join(missing) + " were never requested"
-                )
+                finding.problems.append(Problem("never-requested", {"missing": missing}))
         want = self._expected_finish(run.preemption_id, bool(evictions))
         if want is not None and not waiting:
             outcome, claimed = want
             if outcome != event.outcome:
                 finding.problems.append(
-                    f"outcome {event.outcome} does not follow from the evictions' outcomes:"
-                    f" §8 rule 26 gives {outcome}"
+                    Problem("outcome-differs", {"recorded": event.outcome, "derived": outcome})
                 )
             if claimed != dict(event.claimed):
                 finding.problems.append(
-                    f"claimed {_rl(event.claimed)}, but the successful evictions release"
-                    f" {_rl(claimed)}"
+                    Problem(
+                        "claimed-differs", {"recorded": dict(event.claimed), "derived": claimed}
+                    )
                 )
         return finding
 
@@ -835,10 +740,141 @@ class Auditor:
         return None
 
 
-def audit(source: RecordSource) -> AuditReport:
+def audit(source: RecordSource, *, digests: Mapping[int, bytes] | None = None) -> AuditReport:
     """Audit every record ``source(0)`` yields; ``source(n)`` must yield the same
-    records from offset ``n`` (used to refold for an out-of-order basis)."""
-    auditor = Auditor(source)
+    records from offset ``n`` (used to refold for an out-of-order basis and to
+    locate a changed record). ``digests`` are ``d(offset)`` values kept elsewhere."""
+    auditor = Auditor(source, digests=digests)
     for record in source(0):
         auditor.feed(record)
+        if auditor.stopped:
+            break
     return auditor.finish()
+
+
+# ----------------------------------------------------------------- parallel segments
+
+
+@dataclass(slots=True)
+class _Prefix:
+    """What a segment's auditor needs of the records before it: their fold, and
+    which preemptions they started and evictions they requested."""
+
+    projection: Projection
+    starts: dict[str, tuple[int, list[str]]] = field(default_factory=dict)
+    eviction_pods: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class SegmentResult:
+    """One segment's findings, and the state hashes at its two ends."""
+
+    start: int
+    end: int
+    findings: list[Finding]
+    records: int
+    hash_problems: list[tuple[int, Problem]]
+    start_hash: str
+    end_hash: str
+    unfinished: list[str]
+
+
+def _prefix(source: RecordSource, start: int) -> _Prefix:
+    """Fold records ``0..start-1`` as :class:`Auditor` would, keeping its index."""
+    prefix = _Prefix(Projection())
+    main = prefix.projection
+    if start == 0:
+        return prefix
+    for record in source(0):
+        if record.offset >= start:
+            break
+        try:
+            event: Event | None = decode_event(record.payload)
+        except EventError:
+            event = None
+        if event is None:
+            main.apply_record(record)
+            continue
+        main.apply(record.offset, record.ts, event)
+        if isinstance(event, PreemptionStarted):
+            prefix.starts[event.preemption_id] = (record.offset, [])
+        elif isinstance(event, EvictionRequested):
+            prefix.eviction_pods[event.eviction_id] = event.pod_uid
+            started = prefix.starts.get(event.preemption_id)
+            if started is not None:
+                started[1].append(event.pod_uid)
+    return prefix
+
+
+def audit_segment(source: RecordSource, start: int, end: int) -> SegmentResult:
+    """Audit records ``start..end``: fold ``0..start-1`` first (no snapshot: a
+    segment's start state is the fold of the records, and its hash must equal
+    the previous segment's end hash), then feed the segment to an
+    :class:`Auditor` that checks no digest chain (the parent does, in one pass)."""
+    prefix = _prefix(source, start)
+    start_hash = state_hash(prefix.projection.state)
+    auditor = Auditor(source, start=prefix)
+    for record in source(start):
+        if record.offset > end:
+            break
+        auditor.feed(record)
+    report = auditor.finish()
+    return SegmentResult(
+        start,
+        end,
+        report.findings,
+        report.records,
+        auditor.hash_problems,
+        start_hash,
+        state_hash(auditor.main.state),
+        report.unfinished,
+    )
+
+
+class SegmentMismatch(RuntimeError):
+    """A segment's start state differs from where the previous segment ended."""
+
+
+def chain_pass(source: RecordSource, digests: Mapping[int, bytes] | None) -> AuditReport:
+    """The digest chain of a parallel audit, over every record in one pass; the
+    report carries the digest checks, the last offset and any gap."""
+    chain = DigestAudit(source, digests)
+    report = AuditReport()
+    for expected, record in enumerate(source(0)):
+        if record.offset != expected:
+            report.damage.append(Problem("gap", {"expected": expected, "found": record.offset}))
+            break
+        chain.feed_alone(record)
+    chain.finish()
+    report.digests = chain.checks
+    report.digest = chain.chain.hex
+    report.last_offset = chain.chain.through
+    return report
+
+
+def segments(last_offset: int, jobs: int) -> list[tuple[int, int]]:
+    """``jobs`` contiguous offset ranges covering ``0..last_offset`` (fewer when short)."""
+    count = last_offset + 1
+    jobs = max(1, min(jobs, count))
+    bounds = [count * k // jobs for k in range(jobs + 1)]
+    return [(bounds[k], bounds[k + 1] - 1) for k in range(jobs)]
+
+
+def merge_segments(chained: AuditReport, results: list[SegmentResult]) -> AuditReport:
+    """The report of a parallel audit: each segment's start state must be the
+    previous one's end state (:class:`SegmentMismatch` otherwise)."""
+    for before, after in itertools.pairwise(results):
+        if after.start_hash != before.end_hash:
+            raise SegmentMismatch(
+                f"segment {after.start}..{after.end} started from a state hashing to"
+                f" {after.start_hash}, the previous segment ended at {before.end_hash}"
+            )
+    report = chained
+    by_offset = {check.offset: check for check in report.digests if check.offset is not None}
+    for result in results:
+        report.findings.extend(result.findings)
+        report.records += result.records
+        for offset, problem in result.hash_problems:
+            by_offset[offset].problems.append(problem)
+    report.unfinished = results[-1].unfinished if results else []
+    return report

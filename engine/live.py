@@ -33,19 +33,22 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from quotaledger.events.codec import encode_event
-from quotaledger.events.ledger import Append, Ledger, LedgerError, LedgerMismatch, Snapshot
+from quotaledger.events.ledger import Append, Ledger, LedgerError, Snapshot
 from quotaledger.events.model import (
     Event,
     EvictionFailed,
     EvictionSucceeded,
     LeaderElected,
+    LedgerDigest,
     PodRemoved,
 )
-from quotaledger.projections import Projection
-from quotaledger.projections.snapshot import dump, load
+from quotaledger.projections import Projection, state_hash
+from quotaledger.projections.snapshot import dump
 from quotaledger.projections.state import EvictionRun, ProjectedState
 
 from .core import EngineCore
+from .restore import ChainedFold, Stopped
+from .restore import restore as restore_ledger
 
 log = logging.getLogger("quotaledger.engine")
 
@@ -96,6 +99,7 @@ class LiveEngine:
     instance: str = "engine"
     election: bool = True
     snapshot_every: int = 50_000
+    digest_every: int = 10_000
     clock_ms: Callable[[], int] = wall_clock_ms
     idle_poll_s: float = 0.5
     projection: Projection = field(default_factory=Projection)
@@ -104,6 +108,8 @@ class LiveEngine:
     _wake: asyncio.Event = field(init=False)
     _inflight: set[str] = field(default_factory=set)
     _since_snapshot: int = 0
+    _since_digest: int = 0
+    fold: ChainedFold = field(init=False)
     observe_every_ms: int = 1000
     _observed_at: int = 0
 
@@ -115,6 +121,7 @@ class LiveEngine:
 
     def __post_init__(self) -> None:
         self.core = EngineCore(self.projection, instance=self.instance)
+        self.fold = ChainedFold(self.projection, on_mismatch=log.warning)
 
     @property
     def state(self) -> ProjectedState:
@@ -123,43 +130,29 @@ class LiveEngine:
     # ------------------------------------------------------------ start-up
 
     async def restore(self, stop: asyncio.Event | None = None) -> bool:
-        """Load the newest snapshot, then fold the ledger to its tail.
+        """The state at the ledger's tail, through the one restore path
+        (:func:`quotaledger.engine.restore.restore`: a verified snapshot or a
+        full replay, with the digest chain).
 
         Returns False when ``stop`` was set during the catch-up (DESIGN §9
         shutdown: checked between batches, a few ms apart; nothing is written
         while catching up, so the ledger is untouched). Logs progress every
         ``progress_every_s``.
         """
-        snapshot = await self.ledger.load_snapshot(None)
-        if snapshot is not None:
-            state = load(snapshot.blob)
-            if state.ledger_id != self.ledger.ledger_id:
-                raise LedgerMismatch(
-                    f"snapshot belongs to ledger {state.ledger_id}, not {self.ledger.ledger_id}"
-                )
-            self.projection = Projection(state)
-            self.core = EngineCore(self.projection, instance=self.instance)
         tail = await self.ledger.last_offset()
         progress = CatchUpProgress(self.instance, tail, self.progress_every_s)
-        async for batch in self.ledger.read(self.state.offset + 1):
-            for record in batch:
-                self.projection.apply_record(record)
-            progress.tick(self.state.offset, len(batch))
-            # A read that has records never suspends: yield once per batch so a
-            # signal handler (loop.add_signal_handler) can run and set ``stop``.
-            await asyncio.sleep(0)
-            if stop is not None and stop.is_set():
-                log.info(
-                    "engine %s stopped during catch-up at offset %d",
-                    self.instance,
-                    self.state.offset,
-                )
-                return False
-        progress.done(self.state.offset)
-        if self.state.ledger_id not in (None, self.ledger.ledger_id):
-            raise LedgerMismatch(
-                f"state of ledger {self.state.ledger_id} cannot follow {self.ledger.ledger_id}"
+        try:
+            restored = await restore_ledger(
+                self.ledger, warn=log.warning, progress=progress, stop=stop
             )
+        except Stopped as exc:
+            log.info("engine %s stopped during catch-up (%s)", self.instance, exc)
+            return False
+        progress.done(restored.projection.state.offset)
+        self.fold = restored.fold
+        self.fold.on_mismatch = log.warning
+        self.projection = restored.projection
+        self.core = EngineCore(self.projection, instance=self.instance)
         # A read to the tail ends on a committed transaction: every batch is whole.
         self.core.sealed_through = self.state.offset
         return True
@@ -253,19 +246,44 @@ class LiveEngine:
 
     async def _follow(self) -> None:
         async for batch in self.ledger.read(self.state.offset + 1, follow=True):
+            apply = self.fold.apply
             for record in batch:
-                self.projection.apply_record(record)
+                apply(record)
             # a backlog is read without suspending: let stop and the reconciler in
             await asyncio.sleep(0)
             self._since_snapshot += len(batch)
+            self._since_digest += len(batch)
             async with self._applied:
                 self._applied.notify_all()
             self._wake.set()
             if self._since_snapshot >= self.snapshot_every:
-                self._since_snapshot = 0
-                await self.ledger.save_snapshot(
-                    Snapshot(offset=self.state.offset, blob=dump(self.state))
+                await self.checkpoint(snapshot=True)
+            elif self._since_digest >= self.digest_every:
+                await self.checkpoint(snapshot=False)
+
+    async def checkpoint(self, *, snapshot: bool) -> None:
+        """DESIGN §9: append ``LedgerDigest{through, digest, state_hash}`` for the
+        state just folded (only a writer that may append: the leader, or any
+        engine with election off), and with ``snapshot`` store a snapshot
+        carrying the same digest and state hash."""
+        self._since_digest = 0
+        if snapshot:
+            self._since_snapshot = 0
+        state = self.state
+        through, digest, hashed = state.offset, self.fold.chain.hex, state_hash(state)
+        if self.is_leader():
+            anchor = LedgerDigest(through=through, digest=digest, state_hash=hashed)
+            await self.append([anchor])
+        if snapshot:
+            await self.ledger.save_snapshot(
+                Snapshot(
+                    offset=through,
+                    blob=(blob := dump(state)),
+                    digest=digest,
+                    state_hash=hashed,
+                    checksum=Snapshot.checksum_of(blob),
                 )
+            )
 
     async def applied_through(self, offset: int) -> None:
         """Wait until the follower has applied ``offset``."""
@@ -384,7 +402,8 @@ def _rejected(state: ProjectedState, offset: int) -> bool:
 
 
 class CatchUpProgress:
-    """Logs catch-up progress every ``every_s`` seconds (DESIGN §9 progress)."""
+    """Logs catch-up progress every ``every_s`` seconds (DESIGN §9 progress);
+    called with the number of records folded so far."""
 
     def __init__(self, instance: str, tail: int, every_s: float) -> None:
         self.instance, self.tail, self.every_s = instance, tail, every_s
@@ -392,8 +411,8 @@ class CatchUpProgress:
         self.records = 0
         self.shown = False
 
-    def tick(self, offset: int, records: int) -> None:
-        self.records += records
+    def __call__(self, records: int) -> None:
+        self.records = records
         now = time.monotonic()
         if now - self.shown_at < self.every_s:
             return
@@ -401,10 +420,9 @@ class CatchUpProgress:
         self.shown = True
         rate = self.records / max(now - self.started, 1e-9)
         log.info(
-            "engine %s catching up: %d records folded, at offset %d of %d (%.0f records/s)",
+            "engine %s catching up: %d records folded of %d (%.0f records/s)",
             self.instance,
             self.records,
-            offset,
             self.tail,
             rate,
         )

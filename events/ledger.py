@@ -12,6 +12,7 @@ keeps:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
@@ -42,10 +43,25 @@ class LedgerMismatch(LedgerError):
 
 
 class Snapshot(msgspec.Struct, frozen=True, gc=False):
-    """Projected state folded through ``offset`` (inclusive), opaque bytes."""
+    """Projected state folded through ``offset`` (inclusive), opaque bytes.
+
+    A snapshot is a cache, never evidence (DESIGN §9): ``digest`` (hex of the
+    chain digest ``d(offset)``) and ``state_hash`` (the state hash at
+    ``offset``) let a reader verify it before use; ``checksum`` (hex SHA-256 of
+    ``blob``) catches damage to what the state hash does not cover (the
+    rejection list, the time). A snapshot without digest and state hash
+    (written by an older version) cannot be verified and is not used.
+    """
 
     offset: int
     blob: bytes
+    digest: str | None = None
+    state_hash: str | None = None
+    checksum: str | None = None
+
+    @staticmethod
+    def checksum_of(blob: bytes) -> str:
+        return hashlib.sha256(blob).hexdigest()
 
 
 class Ledger(Protocol):

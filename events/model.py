@@ -168,6 +168,19 @@ class FactRejected(_Event, gc=False):
     raw: str | None = None
 
 
+class LedgerDigest(_Event, gc=False):
+    """A checkpoint of the digest chain and the state (DESIGN §9).
+
+    ``digest`` is the hex of ``d(through)``, ``state_hash`` the state hash after
+    folding records ``0..through``. The projection ignores it (state and hash
+    unchanged); snapshots are verified against it and ``audit`` checks it.
+    """
+
+    through: int
+    digest: str
+    state_hash: str
+
+
 class ClocksObserved(_Event, gc=False):
     """The engine's sample of the overuse and starvation clocks (DESIGN §6 rules 2-3).
 
@@ -242,6 +255,7 @@ Decision = Union[
     EvictionSucceeded,
     EvictionFailed,
     PreemptionFinished,
+    LedgerDigest,
 ]
 Event = Union[Fact, Decision]
 
@@ -264,6 +278,7 @@ DECISION_TYPES: tuple[type[Struct], ...] = (
     EvictionSucceeded,
     EvictionFailed,
     PreemptionFinished,
+    LedgerDigest,
 )
 
 
@@ -290,6 +305,7 @@ __all__ = [
     "Fact",
     "FactRejected",
     "LeaderElected",
+    "LedgerDigest",
     "LedgerOpened",
     "NamespaceWeighted",
     "NodeRemoved",

@@ -25,6 +25,7 @@ from quotaledger.events.model import (
     EvictionSucceeded,
     FactRejected,
     LeaderElected,
+    LedgerDigest,
     LedgerOpened,
     NamespaceWeighted,
     NodeRemoved,
@@ -76,6 +77,9 @@ class Projection:
 
     def apply(self, offset: int, ts: int, event: Event) -> bool:
         """Apply a decoded event at ``offset``/``ts``; False when it was rejected."""
+        if type(event) is LedgerDigest:
+            self._pass(offset)
+            return True
         self._advance(offset, ts)
         handler = self._handlers.get(type(event))
         if handler is None:
@@ -97,6 +101,15 @@ class Projection:
 
     def reject(self, offset: int, kind: str | None, reason: str) -> None:
         self.state.rejected.append(Rejection(offset=offset, kind=kind, reason=reason))
+
+    def _pass(self, offset: int) -> None:
+        """A ``LedgerDigest`` takes its offset and nothing else (DESIGN §9: the
+        projection ignores it for the state and the hash). Not even its ts: a
+        later ts would disarm expired deadlines here rather than at the next
+        record, so a ledger would hash differently with and without digests."""
+        if offset != self.state.offset + 1:
+            raise OutOfOrder(f"record {offset} does not follow {self.state.offset}")
+        self.state.offset = offset
 
     def _advance(self, offset: int, ts: int) -> None:
         state = self.state

@@ -158,7 +158,7 @@ def test_text_output_and_help_document_the_exit_status(
         main(["audit", "--help"])
     assert exited.value.code == 0
     help_text = capsys.readouterr().out
-    assert "exit status: 0 when no decision is flagged, 1 when" in help_text
+    assert "exit status: 0 when no decision is flagged and every digest matches; 1" in help_text
     assert "examples:" in help_text
 
 
@@ -276,16 +276,17 @@ def test_a_decision_before_its_deadline_is_flagged(
     early = 1_767_225_600_000 + 330_000  # 00:05:30, the deadline is 00:06:00
     records = [(o, early if o >= 8 else ts, e) for o, ts, e in rows(db)]
     code, document = audit_json(capsys, export(tmp_path / "early.jsonl", records))
-    assert code == 1
+    # the guard itself refuses a start before the deadline: the guard working, so the
+    # decision is listed as refused (not flagged), and audit says why too
+    assert code == 0
+    assert document["flagged"] == 0 and document["refused"] >= 1
     started = by_kind(document, "PreemptionStarted")[0]
-    # the guard itself refuses a start before the deadline, and audit says why too
-    assert started["problems"][0].startswith(
-        "refused by the projection: queue: 'analytics' deadline"
-    )
+    assert started["refused"].startswith("queue: 'analytics' deadline")
     assert (
         "fired at 2026-01-01T00:05:30Z, before its deadline 2026-01-01T00:06:00Z"
         in (started["problems"])
     )
+    assert {"code": "early", "ts": early, "deadline": early + 30_000} in started["problem_data"]
 
 
 def test_decisions_the_projection_refused_are_flagged(
@@ -298,12 +299,17 @@ def test_decisions_the_projection_refused_are_flagged(
     second = {**started, "preemption_id": "second", "cause": "overuse"}
     forged = [*records[:9], (9, ts, second), *records[9:]]
     code, document = audit_json(capsys, export(tmp_path / "twice.jsonl", forged))
-    assert code == 1
+    # refused by the guard: reported and counted as refused, not a failed audit
+    assert code == 0
+    assert document["refused"] == 1 and document["flagged"] == 0
     refused = [d for d in document["decisions"] if d["preemption_id"] == "second"]
     assert len(refused) == 1
-    problems = refused[0]["problems"]
-    assert problems[0].startswith("refused by the projection: queue: 'analytics' is occupied")
-    assert "revoke_enabled was false at basis #7" in problems
+    assert refused[0]["refused"].startswith("queue: 'analytics' is occupied")
+    assert "revoke_enabled was false at basis #7" in refused[0]["problems"]
+    code, out = run_cli(capsys, "audit", str(tmp_path / "twice.jsonl"))
+    assert code == 0
+    assert "REFUSED " in out and "  refused by the projection: queue: 'analytics'" in out
+    assert out.strip().endswith("0 flagged, 1 refused by the guard (not flagged)")
 
 
 def test_pod_filter(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

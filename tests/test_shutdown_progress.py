@@ -37,7 +37,7 @@ RECORDS = 500_000
 STOP_BOUND_S = 2.0
 
 PROGRESS = re.compile(r"quotaledger (replay|ingest|snapshot|audit): [\d,]+(/[\d,]+)? .*records/s")
-CATCH_UP = re.compile(r"engine \S+ catching up: \d+ records folded, at offset \d+ of \d+")
+CATCH_UP = re.compile(r"engine \S+ catching up: \d+ records folded of \d+")
 
 
 def _payloads(count: int) -> Iterator[bytes]:
