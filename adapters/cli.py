@@ -29,6 +29,7 @@ from quotaledger.projections import Projection, state_json
 from quotaledger.projections.snapshot import SnapshotError, dump, load
 
 from .jsonl import JsonlError, ledger_id_for, read_lines, records
+from .serve_cli import add_serve_parser
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 
@@ -697,6 +698,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--seed", type=int, default=1)
     bench.set_defaults(handler=cmd_bench)
+    add_serve_parser(commands)
     return parser
 
 
