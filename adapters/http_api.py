@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from quotaledger.engine.audit import DECISION_KINDS, AuditReport, audit
@@ -45,7 +45,7 @@ from quotaledger.projections.view import quota_view
 
 from .fold_gate import GatedLedger
 from .jsonl import epoch_ms
-from .metrics import FoldStatistics, LedgerPosition, StateCollector
+from .metrics import FoldStatistics, LedgerPosition, StateCollector, exposition
 
 log = logging.getLogger("quotaledger.serve")
 
@@ -218,6 +218,9 @@ class Server:
     async def _follow_only(self, stop: asyncio.Event) -> None:
         """``--read-only``: fold the ledger and follow its tail; no decisions."""
         await self.engine.restore()
+        # Settle once before reporting ready: the first reader would otherwise
+        # pay the full recompute on the loop.
+        settle(self.state)
         self.leader_known = True
         projection = self.engine.projection
 
@@ -551,7 +554,7 @@ class Server:
 
     async def get_metrics(self, request: web.Request) -> web.Response:
         self.position.tail = await self.ledger.last_offset()
-        text = await self.read_settled(lambda state: generate_latest(self.registry))
+        text = await self.read_settled(lambda state: exposition(self.registry))
         return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def index(self, request: web.Request) -> web.Response:
