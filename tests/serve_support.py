@@ -10,7 +10,7 @@ from pathlib import Path
 
 import aiohttp
 
-from quotaledger.adapters.cli import main as cli_main  # noqa: F401 (tests import it)
+from quotaledger.adapters.cli import main as cli_main
 from quotaledger.adapters.http_api import ServeOptions, Server
 from quotaledger.adapters.sqlite_ledger import SqliteLedger
 
