@@ -28,6 +28,7 @@ from quotaledger.events.model import LedgerOpened
 from quotaledger.projections import Projection, state_json
 from quotaledger.projections.snapshot import SnapshotError, dump, load
 
+from .demo import add_demo_parser
 from .jsonl import JsonlError, ledger_id_for, read_lines, records
 from .serve_cli import add_serve_parser
 
@@ -699,6 +700,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seed", type=int, default=1)
     bench.set_defaults(handler=cmd_bench)
     add_serve_parser(commands)
+    add_demo_parser(commands)
     return parser
 
 

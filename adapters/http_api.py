@@ -33,7 +33,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from quotaledger.engine.audit import DECISION_KINDS, AuditReport, audit
 from quotaledger.engine.fold_loop import Until, fold, parse_until
-from quotaledger.engine.live import LiveEngine, LogExecutor, SimulateExecutor
+from quotaledger.engine.live import LiveEngine, LogExecutor, SimulateExecutor, wall_clock_ms
 from quotaledger.engine.whatif import ChangeError, parse_duration, whatif
 from quotaledger.events.codec import EventError, decode_event, peek_kind
 from quotaledger.events.ledger import Append, Ledger, LedgerError, Record
@@ -158,6 +158,10 @@ class ServeOptions:
     read_only: bool = False
     instance: str = "serve"
     snapshot_every: int = 50_000
+    #: the engine's clock (ms); ``demo --speed`` runs it faster than the wall clock
+    clock_ms: Callable[[], int] | None = None
+    #: longest the reconciler sleeps without news (seconds)
+    idle_poll_s: float = 0.5
 
 
 class Server:
@@ -178,6 +182,8 @@ class Server:
             instance=options.instance,
             election=not options.read_only,
             snapshot_every=options.snapshot_every,
+            idle_poll_s=options.idle_poll_s,
+            clock_ms=options.clock_ms or wall_clock_ms,
         )
         self.leader_known = False
         self.port: int | None = None
