@@ -293,7 +293,7 @@ examples:
   quotaledger demo                          # open http://127.0.0.1:8080/, Ctrl-C to stop
   quotaledger demo --speed 30 --duration 20 # the whole story in about ten seconds
   quotaledger demo --listen 0.0.0.0:8080    # reachable from other machines
-  quotaledger demo --kafka kafka://kafka:9092/quotaledger --no-serve   # producer only
+  quotaledger demo --kafka kafka://kafka:9092/quotaledger --no-serve --speed 1  # producer
 
 What happens (demo seconds; --speed compresses them): t=30 platform-api's max drops to
 14 cpu with a 60 s delay -> quota-decrease preemption at t=90; t=120 ml-training fills
@@ -343,6 +343,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise ServeError("--speed must be > 0 and at most 10000")
     if args.duration is not None and not args.duration > 0:
         raise ServeError("--duration must be > 0")
+    if args.kafka is not None and args.speed != 1:
+        raise ServeError(
+            "--speed must be 1 with --kafka: the Kafka ledger stamps records with the wall clock"
+        )
     if not args.serve and args.kafka is None:
         raise ServeError("--no-serve needs --kafka (a temporary ledger nobody serves is useless)")
     host, port = parse_listen(args.listen)
