@@ -189,6 +189,7 @@ class Server:
         self.port: int | None = None
         self.listening = asyncio.Event()
         self._state_cache: tuple[int, bytes] | None = None
+        self._state_inflight: asyncio.Future[tuple[int, bytes]] | None = None
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(
             StateCollector(
@@ -361,14 +362,26 @@ class Server:
             state = await self.fold_until(until)
             body = await asyncio.to_thread(lambda: _ENCODER.encode(state_json(state)))
             return web.Response(body=body, content_type=_JSON)
+        return web.Response(body=await self.current_state_json(), content_type=_JSON)
+
+    async def current_state_json(self) -> bytes:
+        """The state JSON now: cached per offset, and computed by one reader at a
+        time (concurrent readers share the computation in flight)."""
         cache = self._state_cache
         if cache is not None and cache[0] == self.state.offset:
-            return web.Response(body=cache[1], content_type=_JSON)
-        offset, body = await self.read_settled(
-            lambda state: (state.offset, _ENCODER.encode(state_json(state)))
-        )
+            return cache[1]
+        if self._state_inflight is None:
+            self._state_inflight = asyncio.ensure_future(
+                self.read_settled(lambda state: (state.offset, _ENCODER.encode(state_json(state))))
+            )
+        inflight = self._state_inflight
+        try:
+            offset, body = await asyncio.shield(inflight)
+        finally:
+            if self._state_inflight is inflight and inflight.done():
+                self._state_inflight = None
         self._state_cache = (offset, body)
-        return web.Response(body=body, content_type=_JSON)
+        return body
 
     async def get_quota(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
