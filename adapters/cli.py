@@ -469,6 +469,8 @@ examples:
   quotaledger snapshot ledger.db
   quotaledger audit sim.db                                # explain and re-derive decisions
   quotaledger whatif sim.db --at 7 --change c.jsonl       # evictions a change would cause
+  quotaledger serve ledger.db                             # HTTP API, metrics, page
+  quotaledger demo                                        # a synthetic cluster to watch
   quotaledger bench fold --json
 """
 
