@@ -21,7 +21,7 @@ import hmac
 import itertools
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata, resources
 from typing import Any
@@ -190,6 +190,7 @@ class Server:
         self.listening = asyncio.Event()
         self._state_cache: tuple[int, bytes] | None = None
         self._state_inflight: asyncio.Future[tuple[int, bytes]] | None = None
+        self._thread_readers = 0
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(
             StateCollector(
@@ -287,7 +288,24 @@ class Server:
         """``work(state)`` in a worker thread, the fold paused and the state settled."""
         async with self.ledger.gate:
             settle(self.state)
-            return await asyncio.to_thread(work, self.state)
+            self._thread_readers += 1
+            try:
+                return await asyncio.to_thread(work, self.state)
+            finally:
+                self._thread_readers -= 1
+
+    @contextlib.asynccontextmanager
+    async def instant_read(self) -> AsyncIterator[ProjectedState]:
+        """The state for a read done on the loop without awaiting (a quota, an
+        admission). While a reader thread holds the gate the state cannot change
+        and is settled, so such a read proceeds at once beside it; otherwise it
+        takes the gate (waits for the batch being folded)."""
+        if self._thread_readers and self.ledger.gate.locked():
+            yield self.state
+            return
+        async with self.ledger.gate:
+            settle(self.state)
+            yield self.state
 
     async def fold_until(self, until: Until) -> ProjectedState:
         """A private state of the ledger at ``until`` (snapshot + tail, in a thread)."""
@@ -385,11 +403,9 @@ class Server:
 
     async def get_quota(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        async with self.ledger.gate:
-            state = self.state
+        async with self.instant_read() as state:
             if name not in state.quotas:
                 raise ApiError(404, f"no quota named {name!r}", "name")
-            settle(state)
             view = quota_view(state, name, {})
             return _json({"name": name, "offset": state.offset, **view})
 
@@ -454,14 +470,12 @@ class Server:
         if not isinstance(raw, dict):
             raise ApiError(400, "requests must be an object of resource amounts", "requests")
         requests = _resource_list("requests", raw)
-        async with self.ledger.gate:
-            state = self.state
+        async with self.instant_read() as state:
             node = state.quotas.get(name)
             if node is None:
                 raise ApiError(404, f"no quota named {name!r}", "quota")
             if node.config.is_parent:
                 raise ApiError(400, f"{name} is a parent quota: pods run in leaf quotas", "quota")
-            settle(state)
             available = reported_available(state, name, {})
             limits = node.config.max
             per_resource: dict[str, Any] = {}
