@@ -336,3 +336,28 @@ def test_sigterm_drains_with_an_open_stream(tmp_path: Path) -> None:
             proc.kill()
             proc.wait()
     assert b"Traceback" not in proc.stderr.read()  # type: ignore[union-attr]
+
+
+async def test_quota_reads_wait_for_a_fold_but_not_for_a_reader_thread(tmp_path: Path) -> None:
+    import threading
+
+    path = await ingest("koordinator.jsonl", tmp_path / "l.db")
+    async with running(path) as run:
+        url = f"{run.base}/v1/quotas/team-a"
+        release = threading.Event()
+        reader = asyncio.create_task(
+            run.server.read_settled(lambda state: release.wait(30) and state.offset)
+        )
+        while not run.server._thread_readers:
+            await asyncio.sleep(0.01)
+        async with run.session.get(url) as response:  # beside the reader thread
+            assert response.status == 200
+        release.set()
+        assert await reader == run.server.state.offset
+        async with _held(run):  # as while a batch is folded
+            pending = asyncio.create_task(run.session.get(url))
+            await asyncio.sleep(0.3)
+            assert not pending.done()
+        response = await asyncio.wait_for(pending, 30)
+        assert response.status == 200
+        response.release()
