@@ -45,7 +45,7 @@ from quotaledger.projections.view import quota_view
 
 from .fold_gate import GatedLedger
 from .jsonl import epoch_ms
-from .metrics import FoldStatistics, LedgerPosition, StateCollector, exposition
+from .metrics import FoldStatistics, LedgerPosition, StateCollector
 
 log = logging.getLogger("quotaledger.serve")
 
@@ -191,16 +191,15 @@ class Server:
         self._state_cache: tuple[int, bytes] | None = None
         self._state_inflight: asyncio.Future[tuple[int, bytes]] | None = None
         self._thread_readers = 0
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(
-            StateCollector(
-                lambda: self.state,
-                self.statistics,
-                self.position,
-                lambda: self.state.leader_epoch,
-                version(),
-            )
+        self.collector = StateCollector(
+            lambda: self.state,
+            self.statistics,
+            self.position,
+            lambda: self.state.leader_epoch,
+            version(),
         )
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.collector)
 
     @property
     def state(self) -> ProjectedState:
@@ -587,7 +586,7 @@ class Server:
 
     async def get_metrics(self, request: web.Request) -> web.Response:
         self.position.tail = await self.ledger.last_offset()
-        text = await self.read_settled(lambda state: exposition(self.registry))
+        text = await self.read_settled(lambda state: self.collector.render())
         return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def index(self, request: web.Request) -> web.Response:

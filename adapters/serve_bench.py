@@ -124,28 +124,23 @@ def scrape_cpu(
     """The collector and the text rendering alone, on a folded generated state:
     CPU seconds of the scraping thread (``thread_time``, insensitive to other
     processes on a shared machine) and wall seconds, per scrape."""
-    from prometheus_client import CollectorRegistry
-
     from quotaledger.projections import Projection, settle
 
-    from .metrics import FoldStatistics, LedgerPosition, StateCollector, exposition
+    from .metrics import FoldStatistics, LedgerPosition, StateCollector
 
     workload = generate(quotas=quotas, pods=pods, nodes=nodes, events=0)
     projection = Projection()
     for record in [*workload.config, *workload.pods]:
         projection.apply_record(record)
     settle(projection.state)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(
-        StateCollector(
-            lambda: projection.state, FoldStatistics(), LedgerPosition(), lambda: 0, "bench"
-        )
+    collector = StateCollector(
+        lambda: projection.state, FoldStatistics(), LedgerPosition(), lambda: 0, "bench"
     )
     cpu: list[float] = []
     wall: list[float] = []
     for _ in range(scrapes):
         started_cpu, started = time.thread_time(), time.perf_counter()
-        exposition(registry)
+        collector.render()
         cpu.append(time.thread_time() - started_cpu)
         wall.append(time.perf_counter() - started)
     return {
@@ -278,6 +273,9 @@ LOAD_SETUP = [
 def main() -> None:
     """``python -m quotaledger.adapters.serve_bench scrape`` prints the scrape figures."""
     if sys.argv[1:2] == ["scrape"]:
+        from .cli import tune_gc
+
+        tune_gc()  # as `quotaledger serve` runs
         report = {"in_process": scrape_cpu(), "http": asyncio.run(measure_scrape())}
         print(json.dumps(report, indent=2))
     else:

@@ -14,7 +14,6 @@ from quotaledger.adapters.metrics import (
     FoldStatistics,
     LedgerPosition,
     StateCollector,
-    exposition,
 )
 from quotaledger.engine.bench import generate
 from quotaledger.projections import Projection, settle, state_json
@@ -76,14 +75,13 @@ def state_series(got: dict[Any, float]) -> dict[Any, float]:
     return {key: value for key, value in got.items() if key[0].startswith(prefixes)}
 
 
-def registry_for(projection: Projection) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(
-        StateCollector(
-            lambda: projection.state, FoldStatistics(), LedgerPosition(), lambda: 0, "test"
-        )
+def registry_for(projection: Projection) -> tuple[CollectorRegistry, StateCollector]:
+    collector = StateCollector(
+        lambda: projection.state, FoldStatistics(), LedgerPosition(), lambda: 0, "test"
     )
-    return registry
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry, collector
 
 
 def folded(records: Iterable[Any]) -> Projection:
@@ -97,7 +95,7 @@ def folded(records: Iterable[Any]) -> Projection:
 def test_metrics_equal_the_state_json_on_a_generated_cluster() -> None:
     workload = generate(quotas=60, pods=800, nodes=20, events=2_000, seed=7)
     projection = folded(workload.records)
-    text = exposition(registry_for(projection)).decode()
+    text = registry_for(projection)[1].render().decode()
     got = samples(text)
     assert state_series(got) == expected_series(state_json(projection.state))
     namespaces = {key for key in got if key[0] == "quotaledger_namespace_request"}
@@ -107,8 +105,14 @@ def test_metrics_equal_the_state_json_on_a_generated_cluster() -> None:
 def test_exposition_is_what_prometheus_client_writes() -> None:
     workload = generate(quotas=40, pods=300, nodes=10, events=500, seed=3)
     projection = folded(workload.records)
-    registry = registry_for(projection)
-    assert exposition(registry) == generate_latest(registry)
+    registry, collector = registry_for(projection)
+    statistics = collector._statistics
+    statistics.preemptions[("reclaim", "complete")] += 2
+    statistics.evictions["requested"] += 3
+    statistics.fold_seconds.observe(0.003)
+    text = collector.render()
+    assert text == generate_latest(registry)
+    assert b'quotaledger_preemptions_total{cause="reclaim",outcome="complete"} 2.0' in text
 
 
 async def test_scrape_over_http_after_a_live_preemption(tmp_path: Path) -> None:
