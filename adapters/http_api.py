@@ -633,6 +633,22 @@ async def _errors(
             status=exc.status,
             content_type=_JSON,
         )
+    except LedgerError as exc:
+        log.error("%s %s: %s", request.method, request.path, exc)
+        return web.Response(
+            body=error_body(503, f"ledger unavailable: {exc}", None),
+            status=503,
+            content_type=_JSON,
+        )
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        return web.Response(
+            body=error_body(500, "internal error (logged by the server)", None),
+            status=500,
+            content_type=_JSON,
+        )
 
 
 async def _read_limited(request: web.Request, limit: int) -> bytes:

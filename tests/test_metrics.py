@@ -15,7 +15,7 @@ from quotaledger.adapters.metrics import (
     LedgerPosition,
     StateCollector,
 )
-from quotaledger.engine.bench import generate
+from quotaledger.adapters.serve_bench import generate  # the one import of the generator
 from quotaledger.projections import Projection, settle, state_json
 
 from .serve_support import caught_up, ingest, running
