@@ -7,6 +7,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -92,8 +94,10 @@ def folded(records: Iterable[Any]) -> Projection:
     return projection
 
 
-def test_metrics_equal_the_state_json_on_a_generated_cluster() -> None:
-    workload = generate(quotas=60, pods=800, nodes=20, events=2_000, seed=7)
+@settings(max_examples=6, deadline=None)
+@given(st.integers(min_value=1, max_value=10_000))
+def test_metrics_equal_the_state_json_on_a_generated_cluster(seed: int) -> None:
+    workload = generate(quotas=60, pods=800, nodes=20, events=2_000, seed=seed)
     projection = folded(workload.records)
     text = registry_for(projection)[1].render().decode()
     got = samples(text)

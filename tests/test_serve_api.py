@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import aiohttp
+from hypothesis import given
+from hypothesis import strategies as st
 
 from quotaledger.adapters.http_api import MAX_EVENTS_BYTES
 from quotaledger.engine.fold_loop import Until, fold
@@ -361,3 +363,29 @@ async def test_quota_reads_wait_for_a_fold_but_not_for_a_reader_thread(tmp_path:
         response = await asyncio.wait_for(pending, 30)
         assert response.status == 200
         response.release()
+
+
+_LINES = {
+    "fact": b'{"kind": "NodeRemoved", "name": "n"}',
+    "timed": b'{"kind": "NodeRemoved", "name": "n", "at": "2026-01-01T00:00:01Z"}',
+    "malformed": b'{"kind": "NodeRemoved"',
+    "invalid": b'{"kind": "PodUpserted", "uid": "p"}',
+    "decision": b'{"kind": "EvictionSucceeded", "eviction_id": "e"}',
+    "blank": b"   ",
+}
+
+
+@given(st.lists(st.sampled_from(sorted(_LINES)), max_size=30))
+def test_parse_facts_names_every_bad_line(kinds: list[str]) -> None:
+    from quotaledger.adapters.http_api import _parse_facts
+
+    body = b"\n".join(_LINES[kind] for kind in kinds)
+    appends, problems, decisions = _parse_facts(body)
+    numbered = list(enumerate(kinds, start=1))
+    assert [p["line"] for p in problems] == [
+        n for n, kind in numbered if kind in ("malformed", "invalid")
+    ]
+    assert [d["line"] for d in decisions] == [n for n, kind in numbered if kind == "decision"]
+    good = [kind for kind in kinds if kind in ("fact", "timed")]
+    assert len(appends) == len(good)
+    assert [a.ts is not None for a in appends] == [kind == "timed" for kind in good]
