@@ -59,6 +59,8 @@ DECISIONS_PAGE_MAX = 1000
 DECISIONS_SCAN_MAX = 100_000
 #: Records a slow ``/v1/stream`` client may fall behind before it is cut off.
 STREAM_BACKLOG = 10_000
+#: Most records a ``/v1/stream`` client may ask to resume from the ledger.
+STREAM_RESUME_MAX = 100_000
 #: Seconds between keep-alive comments on an idle stream.
 STREAM_HEARTBEAT_S = 15.0
 #: Seconds open connections get to finish once ``stop`` is set.
@@ -527,10 +529,28 @@ class Server:
             raise ApiError(400, str(exc), "body") from None
 
     async def get_stream(self, request: web.Request) -> web.StreamResponse:
-        """Server-sent events: one ``record`` event per folded record.
+        """Server-sent events: one ``record`` event per folded record, ``id`` its offset.
 
-        ``?kinds=decisions`` sends only decision records (DESIGN §4)."""
+        ``?kinds=decisions`` sends only decision records (DESIGN §4). A client that
+        reconnects with ``Last-Event-ID`` (browsers do) or asks ``?since=OFFSET``
+        first gets the folded records after that point from the ledger, then the
+        live ones, without a gap or a repeat (at most ``STREAM_RESUME_MAX`` back)."""
         decisions_only = request.query.get("kinds") == "decisions"
+        start: int | None = None
+        last_id = request.headers.get("Last-Event-ID", "").strip()
+        if last_id.isdigit():
+            start = int(last_id) + 1
+        elif "since" in request.query:
+            start = _int_param(request, "since", 0)
+        queue = self.feed.subscribe()  # before reading the backlog: nothing falls between
+        upto = self.state.offset
+        if start is not None and upto - start >= STREAM_RESUME_MAX:
+            self.feed.unsubscribe(queue)
+            raise ApiError(
+                400,
+                f"more than {STREAM_RESUME_MAX} records to resume: page /v1/decisions instead",
+                "since",
+            )
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",
@@ -538,27 +558,42 @@ class Server:
                 "X-Accel-Buffering": "no",
             }
         )
-        await response.prepare(request)
-        queue = self.feed.subscribe()
+
+        def events(batch: Sequence[Record], after: int) -> bytes:
+            chunks = []
+            for record in batch:
+                if record.offset <= after:
+                    continue
+                kind = peek_kind(record.payload)
+                if decisions_only and kind not in DECISION_KINDS:
+                    continue
+                chunks.append(sse_event(record, kind))
+            return b"".join(chunks)
+
         try:
-            await response.write(f"retry: 2000\n: offset {self.state.offset}\n\n".encode())
+            await response.prepare(request)
+            await response.write(f"retry: 2000\n: offset {upto}\n\n".encode())
+            sent = upto
+            if start is not None and start <= upto:
+                async for batch in self.ledger.inner.read(start):
+                    chunk = events([r for r in batch if r.offset <= upto], start - 1)
+                    if chunk:
+                        await response.write(chunk)
+                    if batch[-1].offset >= upto:
+                        break
             while True:
                 try:
                     async with asyncio.timeout(STREAM_HEARTBEAT_S):
-                        batch = await queue.get()
+                        live = await queue.get()
                 except TimeoutError:
                     await response.write(b": keep-alive\n\n")
                     continue
-                if batch is None:
+                if live is None:
                     break
-                chunks = []
-                for record in batch:
-                    kind = peek_kind(record.payload)
-                    if decisions_only and kind not in DECISION_KINDS:
-                        continue
-                    chunks.append(sse_event(record, kind))
-                if chunks:
-                    await response.write(b"".join(chunks))
+                chunk = events(live, sent)
+                sent = max(sent, live[-1].offset) if live else sent
+                if chunk:
+                    await response.write(chunk)
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         finally:

@@ -16,6 +16,9 @@ from hypothesis import strategies as st
 
 from quotaledger.adapters.http_api import MAX_EVENTS_BYTES
 from quotaledger.engine.fold_loop import Until, fold
+from quotaledger.events.codec import encode_event
+from quotaledger.events.ledger import Append
+from quotaledger.events.model import NodeRemoved
 from quotaledger.projections import Projection, state_json
 
 from .serve_support import TOKEN, caught_up, ingest, ingest_now, running, simulate
@@ -389,3 +392,40 @@ def test_parse_facts_names_every_bad_line(kinds: list[str]) -> None:
     good = [kind for kind in kinds if kind in ("fact", "timed")]
     assert len(appends) == len(good)
     assert [a.ts is not None for a in appends] == [kind == "timed" for kind in good]
+
+
+async def _ids(stream: aiohttp.ClientResponse, count: int) -> list[int]:
+    ids: list[int] = []
+    while len(ids) < count:
+        line = (await stream.content.readline()).decode()
+        if line.startswith("id: "):
+            ids.append(int(line[4:]))
+    return ids
+
+
+async def test_stream_resumes_from_last_event_id_without_gap_or_repeat(tmp_path: Path) -> None:
+    path = await ingest("koordinator.jsonl", tmp_path / "l.db")
+    # read-only: no engine writes in between, so the offsets are exactly ours
+    async with running(path, read_only=True) as run:
+
+        async def append(count: int) -> int:
+            event = encode_event(NodeRemoved(name="gone"))
+            offsets = await run.ledger.append([Append(payload=event)] * count)
+            return offsets[-1]
+
+        tail = run.server.state.offset
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with run.session.get(f"{run.base}/v1/stream?since=0", timeout=timeout) as stream:
+            assert await _ids(stream, tail + 1) == list(range(tail + 1))
+            last = await append(3)
+            assert await _ids(stream, 3) == [last - 2, last - 1, last]
+        await caught_up(run, last)
+        headers = {"Last-Event-ID": str(last - 2)}
+        async with run.session.get(
+            f"{run.base}/v1/stream", headers=headers, timeout=timeout
+        ) as stream:
+            assert await _ids(stream, 2) == [last - 1, last]
+            newest = await append(1)
+            assert await _ids(stream, 1) == [newest]
+        async with run.session.get(f"{run.base}/v1/stream?since=x") as response:
+            assert response.status == 400
