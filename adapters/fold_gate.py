@@ -56,10 +56,11 @@ class GatedLedger:
         return await self.inner.append(batch)
 
     async def read(
-        self, from_offset: int = 0, *, follow: bool = False
+        self, from_offset: int = 0, *, follow: bool = False, **options: Any
     ) -> AsyncIterator[list[Record]]:
+        """The inner ledger's ``read`` (backend options passed through), gated per batch."""
         observer = self._observer
-        async for batch in self.inner.read(from_offset, follow=follow):
+        async for batch in self.inner.read(from_offset, follow=follow, **options):
             # A catch-up read never waits on I/O: let the loop serve between batches.
             await asyncio.sleep(0)
             async with self.gate:
