@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import aiohttp
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -429,3 +430,23 @@ async def test_stream_resumes_from_last_event_id_without_gap_or_repeat(tmp_path:
             assert await _ids(stream, 1) == [newest]
         async with run.session.get(f"{run.base}/v1/stream?since=x") as response:
             assert response.status == 400
+
+
+def test_serve_refuses_bad_arguments_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from quotaledger.adapters.cli import main
+
+    ledger = str(tmp_path / "l.db")
+    for args, needle in (
+        (["--listen", "nope"], "--listen 'nope'"),
+        (["--token-file", str(tmp_path / "missing")], "--token-file"),
+    ):
+        assert main(["serve", ledger, *args]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("quotaledger: error: ") and needle in err
+        assert "Traceback" not in err
+    empty = tmp_path / "empty-token"
+    empty.write_text("\n")
+    assert main(["serve", ledger, "--token-file", str(empty)]) == 2
+    assert "is empty" in capsys.readouterr().err
