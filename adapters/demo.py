@@ -197,9 +197,9 @@ class DemoOptions:
 
 
 async def open_demo_ledger(options: DemoOptions, directory: Path, clock: DemoClock) -> Ledger:
-    """A new SQLite ledger on the demo clock, or the Kafka URL (hook: through
-    :func:`quotaledger.adapters.http_api.open_ledger_url`, which refuses Kafka until the
-    Kafka backend is merged)."""
+    """A new SQLite ledger on the demo clock, or the Kafka URL (through
+    :func:`quotaledger.adapters.http_api.open_ledger_url`, the one hook for the
+    Kafka backend)."""
     from .http_api import open_ledger_url
     from .sqlite_ledger import SqliteLedger
 

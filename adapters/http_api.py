@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import importlib
 import itertools
 import logging
 import os
@@ -833,18 +834,28 @@ def tree_document(state: ProjectedState) -> dict[str, Any]:
 # ---------------------------------------------------------------- running it
 
 
-def open_ledger_url(text: str) -> Awaitable[Ledger]:
-    """The ledger named by a LEDGER argument (DESIGN §10 URLs).
+async def open_ledger_url(text: str, *, snapshots: str | None = None) -> Ledger:
+    """The ledger named by a LEDGER argument (DESIGN §10 URLs), created when empty.
 
-    Hook for the Kafka ledger: ``kafka://`` URLs are refused here until the Kafka
-    backend's ``open_ledger(url)`` is merged; then this function delegates every
-    URL to it."""
+    The one hook for the Kafka backend: when ``quotaledger.adapters.ledger_url``
+    (its ``open_ledger(url, create=..., snapshots=...)``) is installed, every URL
+    goes through it; without it, paths and ``sqlite:///PATH`` open a SQLite ledger
+    and ``kafka://`` is refused with a clear error."""
+    try:
+        urls: Any = importlib.import_module("quotaledger.adapters.ledger_url")
+    except ModuleNotFoundError:
+        urls = None
+    if urls is not None:
+        ledger: Ledger = await urls.open_ledger(text, create=True, snapshots=snapshots)
+        return ledger
     from .sqlite_ledger import SqliteLedger
 
     if text.startswith("kafka://"):
         raise LedgerError(f"{text}: the Kafka ledger is not available in this build")
+    if snapshots is not None:
+        raise LedgerError("--snapshots is for Kafka ledgers; a SQLite ledger keeps its own")
     path = text.removeprefix("sqlite://") if text.startswith("sqlite:///") else text
-    return SqliteLedger.open(path, create=True)
+    return await SqliteLedger.open(path, create=True)
 
 
 async def serve(
@@ -854,11 +865,12 @@ async def serve(
     stop: asyncio.Event | None = None,
     announce: Callable[[Server], None] | None = None,
     signals: bool = True,
+    snapshots: str | None = None,
 ) -> None:
     """Open the ledger and run a :class:`Server` until SIGTERM/SIGINT or ``stop``."""
     import signal
 
-    ledger = await open_ledger_url(ledger_url)
+    ledger = await open_ledger_url(ledger_url, snapshots=snapshots)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     if signals:

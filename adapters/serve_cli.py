@@ -102,7 +102,11 @@ def add_serve_parser(commands: Any) -> None:
         epilog=SERVE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("ledger", metavar="LEDGER", help="SQLite ledger file (or sqlite:///PATH)")
+    parser.add_argument(
+        "ledger",
+        metavar="LEDGER",
+        help="SQLite ledger file, sqlite:///PATH or kafka://HOST:PORT/TOPIC",
+    )
     parser.add_argument(
         "--listen", default="127.0.0.1:8080", metavar="HOST:PORT", help="default 127.0.0.1:8080"
     )
@@ -117,6 +121,9 @@ def add_serve_parser(commands: Any) -> None:
         "--read-only", action="store_true", help="follow and serve reads only: no engine, no writes"
     )
     parser.add_argument("--instance", default=f"serve-{os.getpid()}", help="this engine's name")
+    parser.add_argument(
+        "--snapshots", metavar="PATH", help="local snapshot file of a Kafka ledger (DESIGN §10)"
+    )
     parser.set_defaults(handler=cmd_serve)
 
 
@@ -133,5 +140,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         read_only=args.read_only,
         instance=args.instance,
     )
-    run_server(serve(args.ledger, options, announce=print_urls), args.listen)
+    run_server(
+        serve(args.ledger, options, announce=print_urls, snapshots=args.snapshots), args.listen
+    )
     return 0

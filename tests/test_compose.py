@@ -52,6 +52,9 @@ def test_every_quotaledger_command_parses_with_the_cli() -> None:
         assert match is not None, url
         assert match.group(1) == broker
     assert serve.ledger == demo.kafka  # one ledger
+    # the Kafka ledger's snapshot file lives on the service's volume
+    mounts = document["services"]["quotaledger"]["volumes"]
+    assert any(serve.snapshots.startswith(m.split(":")[1] + "/") for m in mounts)
 
 
 def test_ports_and_scrape_target_agree() -> None:
