@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 import tomllib
 from pathlib import Path
@@ -47,10 +48,16 @@ def test_every_quotaledger_command_parses_with_the_cli() -> None:
     assert serve.handler.__name__ == "cmd_serve"
     demo = commands["demo"]
     assert demo.handler.__name__ == "cmd_demo" and demo.serve is False and demo.speed == 1
+    try:  # the Kafka backend's URL parser, once it is part of the package
+        urls = importlib.import_module("quotaledger.adapters.ledger_url")
+    except ModuleNotFoundError:
+        urls = None
     for url in (serve.ledger, demo.kafka):
         match = re.fullmatch(r"kafka://([^/]+)/([A-Za-z0-9._-]+)", url)
         assert match is not None, url
         assert match.group(1) == broker
+        if urls is not None:
+            assert urls.parse_ledger_url(url).scheme == "kafka"
     assert serve.ledger == demo.kafka  # one ledger
     # the Kafka ledger's snapshot file lives on the service's volume
     mounts = document["services"]["quotaledger"]["volumes"]
