@@ -87,23 +87,14 @@ async def measure_scrape(
                 stalls: list[float] = []
                 series = 0
                 for _ in range(scrapes):
-                    gap = _LoopGap()
-                    tick = asyncio.create_task(gap.watch())
-                    # The scraper is another process, as Prometheus is.
-                    fetch = await asyncio.create_subprocess_exec(
-                        sys.executable,
-                        "-c",
-                        _FETCH,
-                        f"{base}/metrics",
-                        stdout=asyncio.subprocess.PIPE,
-                    )
-                    out, _ = await fetch.communicate()
-                    elapsed, lines = out.split()
-                    times.append(float(elapsed))
-                    series = int(lines)
-                    gap.running = False
-                    await tick
-                    stalls.append(gap.worst)
+                    elapsed, lines, worst = await _timed_fetch(f"{base}/metrics")
+                    times.append(elapsed)
+                    series = lines
+                    stalls.append(worst)
+                others = {}
+                for path in ("/v1/state", "/v1/tree", "/v1/quotas/default"):
+                    elapsed, _, worst = await _timed_fetch(base + path)
+                    others[path] = {"s": round(elapsed, 3), "loop_stall_s": round(worst, 3)}
         finally:
             stop.set()
             await task
@@ -115,7 +106,24 @@ async def measure_scrape(
         "scrape_s": [round(t, 3) for t in times],
         "scrape_median_s": round(statistics.median(times), 3),
         "loop_stall_max_s": round(max(stalls), 3),
+        "reads": others,
     }
+
+
+async def _timed_fetch(url: str) -> tuple[float, int, float]:
+    """GET ``url`` from another process (as Prometheus or a browser would): its wall
+    time, the non-comment lines of the answer, and the longest extra delay of this
+    process's event loop meanwhile."""
+    gap = _LoopGap()
+    tick = asyncio.create_task(gap.watch())
+    fetch = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _FETCH, url, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await fetch.communicate()
+    gap.running = False
+    await tick
+    elapsed, lines = out.split()
+    return float(elapsed), int(lines), gap.worst
 
 
 def scrape_cpu(
