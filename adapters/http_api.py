@@ -194,6 +194,8 @@ class Server:
         self._state_cache: tuple[int, bytes] | None = None
         self._state_inflight: asyncio.Future[tuple[int, bytes]] | None = None
         self._thread_readers = 0
+        self._audit_lock = asyncio.Lock()
+        self._audit_cache: tuple[int, AuditReport] | None = None
         self.collector = StateCollector(
             lambda: self.state,
             self.statistics,
@@ -438,17 +440,7 @@ class Server:
 
     async def get_explain(self, request: web.Request) -> web.Response:
         uid = request.match_info["uid"]
-        inner = self.ledger.inner
-        iter_batches = getattr(inner, "iter_batches", None)
-        if iter_batches is not None:
-
-            def source(start: int) -> Iterable[Record]:
-                return itertools.chain.from_iterable(iter_batches(start))
-
-            report: AuditReport = await asyncio.to_thread(audit, source)
-        else:
-            records = [r async for batch in inner.read(0) for r in batch]
-            report = await asyncio.to_thread(audit, lambda start: records[start:])
+        report = await self.ledger_audit()
         mine = report.for_pod(uid)
         pod = self.state.pods.get(uid)
         if pod is None and not mine.findings:
@@ -462,6 +454,28 @@ class Server:
                 "text": mine.text(),
             }
         )
+
+    async def ledger_audit(self) -> AuditReport:
+        """The audit of the whole ledger (``engine/audit.py``, in a thread), kept
+        until the ledger grows; concurrent callers share one run."""
+        async with self._audit_lock:
+            tail = await self.ledger.last_offset()
+            if self._audit_cache is not None and self._audit_cache[0] == tail:
+                return self._audit_cache[1]
+            inner = self.ledger.inner
+            iter_batches = getattr(inner, "iter_batches", None)
+            if iter_batches is not None:
+
+                def source(start: int) -> Iterable[Record]:
+                    return itertools.chain.from_iterable(iter_batches(start))
+
+                report: AuditReport = await asyncio.to_thread(audit, source)
+            else:
+                records = [r async for batch in inner.read(0) for r in batch]
+                report = await asyncio.to_thread(audit, lambda start: records[start:])
+            if report.records == tail + 1:
+                self._audit_cache = (tail, report)
+            return report
 
     async def post_admission(self, request: web.Request) -> web.Response:
         document = await _json_body(request)
