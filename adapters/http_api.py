@@ -23,7 +23,7 @@ import itertools
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata, resources
 from typing import Any
 
@@ -44,6 +44,7 @@ from quotaledger.projections.available import reported_available
 from quotaledger.projections.snapshot import dump, load
 from quotaledger.projections.view import quota_view
 
+from .feed import Feed, sse_event
 from .fold_gate import GatedLedger
 from .jsonl import epoch_ms
 from .metrics import FoldStatistics, LedgerPosition, StateCollector
@@ -58,8 +59,6 @@ MAX_QUERY_BYTES = 1024 * 1024
 DECISIONS_PAGE = 100
 DECISIONS_PAGE_MAX = 1000
 DECISIONS_SCAN_MAX = 100_000
-#: Records a slow ``/v1/stream`` client may fall behind before it is cut off.
-STREAM_BACKLOG = 10_000
 #: Most records a ``/v1/stream`` client may ask to resume from the ledger.
 STREAM_RESUME_MAX = 100_000
 #: Seconds between keep-alive comments on an idle stream.
@@ -97,40 +96,6 @@ def version() -> str:
         return metadata.version("quotaledger")
     except metadata.PackageNotFoundError:
         return "unknown"
-
-
-# --------------------------------------------------------------------- the feed
-
-
-@dataclass(slots=True)
-class Feed:
-    """Every folded record, fanned out to ``GET /v1/stream`` subscribers."""
-
-    subscribers: set[asyncio.Queue[list[Record] | None]] = field(default_factory=set)
-    closed: bool = False
-
-    def subscribe(self) -> asyncio.Queue[list[Record] | None]:
-        queue: asyncio.Queue[list[Record] | None] = asyncio.Queue()
-        if self.closed:
-            queue.put_nowait(None)
-        self.subscribers.add(queue)
-        return queue
-
-    def unsubscribe(self, queue: asyncio.Queue[list[Record] | None]) -> None:
-        self.subscribers.discard(queue)
-
-    def publish(self, batch: Sequence[Record]) -> None:
-        for queue in list(self.subscribers):
-            if queue.qsize() * 100 > STREAM_BACKLOG:  # batches are up to ~1000 records
-                self.subscribers.discard(queue)
-                queue.put_nowait(None)
-            else:
-                queue.put_nowait(list(batch))
-
-    def close(self) -> None:
-        self.closed = True
-        for queue in self.subscribers:
-            queue.put_nowait(None)
 
 
 @dataclass(slots=True)
@@ -557,10 +522,10 @@ class Server:
             start = int(last_id) + 1
         elif "since" in request.query:
             start = _int_param(request, "since", 0)
-        queue = self.feed.subscribe()  # before reading the backlog: nothing falls between
+        subscription = self.feed.subscribe()  # before the backlog: nothing falls between
         upto = self.state.offset
         if start is not None and upto - start >= STREAM_RESUME_MAX:
-            self.feed.unsubscribe(queue)
+            self.feed.unsubscribe(subscription)
             raise ApiError(
                 400,
                 f"more than {STREAM_RESUME_MAX} records to resume: page /v1/decisions instead",
@@ -599,7 +564,7 @@ class Server:
             while True:
                 try:
                     async with asyncio.timeout(STREAM_HEARTBEAT_S):
-                        live = await queue.get()
+                        live = await subscription.get()
                 except TimeoutError:
                     await response.write(b": keep-alive\n\n")
                     continue
@@ -612,7 +577,7 @@ class Server:
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         finally:
-            self.feed.unsubscribe(queue)
+            self.feed.unsubscribe(subscription)
         return response
 
     async def healthz(self, request: web.Request) -> web.Response:
@@ -790,21 +755,6 @@ def record_document(record: Record) -> dict[str, Any]:
     document["offset"] = record.offset
     document["at"] = rfc3339(record.ts)
     return document
-
-
-def sse_event(record: Record, kind: str | None) -> bytes:
-    """One server-sent event: ``id`` is the offset, ``data`` one line of JSON."""
-    payload = record.payload.replace(b"\r", b" ").replace(b"\n", b" ")
-    head = f'{{"offset":{record.offset},"at":"{rfc3339(record.ts)}","kind":'
-    kind_json = _ENCODER.encode(kind)
-    return (
-        f"id: {record.offset}\nevent: record\ndata: ".encode()
-        + head.encode()
-        + kind_json
-        + b',"event":'
-        + payload
-        + b"}\n\n"
-    )
 
 
 def tree_document(state: ProjectedState) -> dict[str, Any]:
