@@ -34,7 +34,9 @@ from quotaledger.events.times import MAX_DELAY_S
 from quotaledger.projections import Projection, state_hash, state_json
 from quotaledger.projections.snapshot import SnapshotError, dump
 
+from .demo import add_demo_parser
 from .jsonl import STDIN, JsonlError, JsonlInput, Line, open_jsonl, read_lines, records
+from .serve_cli import add_serve_parser
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 
@@ -783,6 +785,8 @@ examples:
   quotaledger snapshot ledger.db
   quotaledger audit sim.db                                # explain and re-derive decisions
   quotaledger whatif sim.db --at 7 --change c.jsonl       # evictions a change would cause
+  quotaledger serve ledger.db                             # HTTP API, metrics, page
+  quotaledger demo                                        # a synthetic cluster to watch
   quotaledger bench fold --json
   quotaledger import queues.yaml --out quotas.jsonl      # other schedulers' quotas -> facts
 """
@@ -1186,6 +1190,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="seed of the workload generator: the same seed, the same events (default 1)",
     )
     bench.set_defaults(handler=cmd_bench)
+    add_serve_parser(commands)
+    add_demo_parser(commands)
 
     from .importers.command import add_parser as add_import_parser
 

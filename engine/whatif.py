@@ -85,7 +85,11 @@ class Run:
 
 
 def _fork(blob: bytes, ledger_id: str) -> Simulation:
-    return Simulation(ledger_id=ledger_id, projection=Projection(load(blob)))
+    simulation = Simulation(ledger_id=ledger_id, projection=Projection(load(blob)))
+    # The fork speaks as the newest leader of the state it forks: a ledger a live
+    # engine wrote holds a LeaderElected epoch, and epoch-0 proposals would be fenced.
+    simulation.core.epoch = simulation.projection.state.leader_epoch
+    return simulation
 
 
 def _collect(simulation: Simulation) -> Run:
