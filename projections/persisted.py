@@ -1,7 +1,7 @@
 """The persisted state: one list for snapshots and the state hash (DESIGN §5 "State hash", §9).
 
-The fields of :class:`~.state.ProjectedState` declared with
-:func:`~.state.persisted` are what the facts and decisions determine. This
+The fields of :class:`~.state.ProjectedState` with ``HASHED`` or ``UNHASHED``
+metadata are what the facts and decisions determine. This
 module reads that declaration once and gives each field its *stored form*:
 a canonical value (collections sorted) that msgspec encodes and decodes.
 
@@ -10,7 +10,7 @@ a canonical value (collections sorted) that msgspec encodes and decodes.
 - :func:`.view.state_hash` hashes the stored form of every *hashed* field
   (all but ``ledger_id``, ``offset``, ``ts`` and ``rejected``: DECISIONS 60).
 
-So a field added to ``ProjectedState`` with ``persisted()`` round-trips and
+So a field added to ``ProjectedState`` with that metadata round-trips and
 hashes with no other change. The stored form follows the field's type:
 
 - ``set[T]`` is stored as a sorted ``list[T]``;

@@ -10,7 +10,8 @@ anything reads them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from types import MappingProxyType
+from typing import Literal
 
 import msgspec
 
@@ -32,7 +33,7 @@ EvictionOutcome = Literal["succeeded", "failed"]
 #: ``PreemptionStarted`` re-using one of them is refused as a duplicate.
 FINISHED_KEPT = 4096
 
-#: Key of a dataclass field's metadata marking it persisted (see :func:`persisted`).
+#: Key of a dataclass field's metadata marking it persisted (``HASHED``/``UNHASHED``).
 PERSISTED = "quotaledger.persisted"
 
 
@@ -47,13 +48,9 @@ class Persisted(msgspec.Struct, frozen=True):
     hashed: bool = True
 
 
-def persisted(*, default: Any = None, factory: Any = None, hashed: bool = True) -> Any:
-    """Declare a persisted :class:`ProjectedState` field (the one list of what
-    snapshots store and the state hash covers: :mod:`.persisted`)."""
-    metadata = {PERSISTED: Persisted(hashed=hashed)}
-    if factory is not None:
-        return field(default_factory=factory, metadata=metadata)
-    return field(default=default, metadata=metadata)
+#: Field metadata of a persisted field, in the state hash or outside it.
+HASHED = MappingProxyType({PERSISTED: Persisted(hashed=True)})
+UNHASHED = MappingProxyType({PERSISTED: Persisted(hashed=False)})
 
 
 class Settings(msgspec.Struct, kw_only=True):
@@ -167,35 +164,37 @@ def builtin_config(name: str) -> QuotaUpserted:
 class ProjectedState:
     """Everything the fold knows at ``offset``; see module docstring.
 
-    Fields declared with :func:`persisted` are what the facts and decisions
-    determine: a snapshot stores exactly those, and the state hash covers those
-    marked hashed (:mod:`quotaledger.projections.persisted`). Adding a field
-    there is all it takes to snapshot and hash it. The other fields are
-    indexes and derived numbers, rebuilt from the persisted ones on restore.
+    Fields with ``HASHED`` or ``UNHASHED`` metadata are persisted, what the
+    facts and decisions determine: a snapshot stores exactly those and the
+    state hash covers the ``HASHED`` ones (:mod:`quotaledger.projections.persisted`).
+    Adding a field with that metadata is all it takes to snapshot and hash it.
+    The other fields are indexes and derived numbers, rebuilt on restore.
     """
 
-    ledger_id: str | None = persisted(hashed=False)
-    offset: int = persisted(default=-1, hashed=False)
-    ts: int = persisted(default=0, hashed=False)
-    settings: Settings = persisted(factory=Settings)
-    leader_epoch: int = persisted(default=0)
-    nodes: dict[str, RL] = persisted(factory=dict)
-    quotas: dict[str, QuotaNode] = persisted(factory=dict)  # stored: the configurations
-    pods: dict[str, PodUpserted] = persisted(factory=dict)
-    namespace_weights: dict[str, int] = persisted(factory=dict)
-    rejected: list[Rejection] = persisted(factory=list, hashed=False)
+    ledger_id: str | None = field(default=None, metadata=UNHASHED)
+    offset: int = field(default=-1, metadata=UNHASHED)
+    ts: int = field(default=0, metadata=UNHASHED)
+    settings: Settings = field(default_factory=Settings, metadata=HASHED)
+    leader_epoch: int = field(default=0, metadata=HASHED)
+    nodes: dict[str, RL] = field(default_factory=dict, metadata=HASHED)
+    # stored as the configurations; nodes and their numbers are rebuilt
+    quotas: dict[str, QuotaNode] = field(default_factory=dict, metadata=HASHED)
+    pods: dict[str, PodUpserted] = field(default_factory=dict, metadata=HASHED)
+    namespace_weights: dict[str, int] = field(default_factory=dict, metadata=HASHED)
+    rejected: list[Rejection] = field(default_factory=list, metadata=UNHASHED)
     # DESIGN §6: timers and the one-preemption-per-queue guard
-    decrease_deadlines: dict[str, int] = persisted(factory=dict)
-    preemptions: dict[str, PreemptionRun] = persisted(factory=dict)  # running
-    evictions: dict[str, EvictionRun] = persisted(factory=dict)  # outstanding
-    evicted_pods: dict[str, str] = persisted(factory=dict)  # evicted, removal pending
+    decrease_deadlines: dict[str, int] = field(default_factory=dict, metadata=HASHED)
+    # running preemptions; their evictions; evicted pods whose removal is pending
+    preemptions: dict[str, PreemptionRun] = field(default_factory=dict, metadata=HASHED)
+    evictions: dict[str, EvictionRun] = field(default_factory=dict, metadata=HASHED)
+    evicted_pods: dict[str, str] = field(default_factory=dict, metadata=HASHED)
     # preemption id -> offset of its PreemptionFinished; the last FINISHED_KEPT
-    finished_preemptions: dict[str, int] = persisted(factory=dict)
+    finished_preemptions: dict[str, int] = field(default_factory=dict, metadata=HASHED)
     # DESIGN §6 rules 2-3 clocks: queue/pod -> since ts; held ones wait for a fact
-    owing_since: dict[str, int] = persisted(factory=dict)
-    owing_held: set[str] = persisted(factory=set)
-    starving_since: dict[str, int] = persisted(factory=dict)
-    starving_held: set[str] = persisted(factory=set)
+    owing_since: dict[str, int] = field(default_factory=dict, metadata=HASHED)
+    owing_held: set[str] = field(default_factory=set, metadata=HASHED)
+    starving_since: dict[str, int] = field(default_factory=dict, metadata=HASHED)
+    starving_held: set[str] = field(default_factory=set, metadata=HASHED)
     # ---- indexes, rebuilt from the persisted fields on restore
     allocatable: RL = field(default_factory=dict)  # Σ nodes
     occupied: dict[str, str] = field(default_factory=dict)  # queue -> preemption_id

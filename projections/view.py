@@ -126,4 +126,3 @@ def state_json(state: ProjectedState) -> dict[str, Any]:
             for item in state.rejected
         ],
     }
-
