@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from quotaledger.events.model import PodUpserted
+from quotaledger.events.model import PodUpserted, PreemptionCause
 
 from .clocks import owed
 from .derive import settle
@@ -33,19 +33,19 @@ class Plan(msgspec.Struct):
     """A preemption to start: its target and victims (possibly none)."""
 
     queue: str
-    cause: str
+    cause: PreemptionCause
     target: RL
     victims: list[Victim]
     reason: str = ""
     pod_uid: str | None = None
 
 
-def _created_key(pod: PodUpserted, younger_first: bool) -> tuple[int, float]:
-    """§8 rule 25: a null ``created_at`` counts as oldest."""
+def _younger_first(pod: PodUpserted) -> tuple[int, float]:
+    """Sort key putting younger pods (later ``created_at``) first; a null
+    ``created_at`` counts as oldest (§8 rule 25)."""
     if pod.created_at is None:
-        return (1, 0.0) if younger_first else (0, 0.0)
-    stamp = pod.created_at.timestamp()
-    return (0, -stamp) if younger_first else (1, -stamp)
+        return (1, 0.0)
+    return (0, -pod.created_at.timestamp())
 
 
 def created_text(pod: PodUpserted) -> str | None:
@@ -60,14 +60,14 @@ def decrease_sort_key(pod: PodUpserted) -> tuple[Any, ...]:
         pod.originator,
         pod.priority,
         not pod.allow_preemption,
-        _created_key(pod, younger_first=True),
+        _younger_first(pod),
         pod.uid,
     )
 
 
 def revoke_sort_key(pod: PodUpserted) -> tuple[Any, ...]:
     """Rule 2 order, least important first: lower priority, later start, uid."""
-    return (pod.priority, _created_key(pod, younger_first=True), pod.uid)
+    return (pod.priority, _younger_first(pod), pod.uid)
 
 
 def _evictable(state: ProjectedState, node: QuotaNode) -> list[PodUpserted]:
@@ -359,7 +359,7 @@ def reclaim_plan(state: ProjectedState, uid: str) -> Plan | None:
         depth = _depth_of_common_ancestor(state, name, queue)
         for pod in _evictable(state, node):
             if pod.preemptible and _shares_resource(pod, gap):
-                key = (-depth, pod.priority, _created_key(pod, younger_first=True), pod.uid)
+                key = (-depth, pod.priority, _younger_first(pod), pod.uid)
                 ranked.append((key, pod, name))
     ranked.sort(key=lambda item: item[0])
     claimed: RL = {}
