@@ -180,9 +180,9 @@ async def _latency(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
                 started[event.preemption_id] = (event.queue, event.basis)
             elif isinstance(event, EvictionRequested) and event.preemption_id in started:
                 queue, _ = started.pop(event.preemption_id)
-                offset = triggers.get(queue)
-                if offset is not None and offset in trigger_ts:
-                    deadline = trigger_ts[offset] + round(DELAY_S * 1000)
+                trigger = triggers.get(queue)
+                if trigger is not None and trigger in trigger_ts:
+                    deadline = trigger_ts[trigger] + round(DELAY_S * 1000)
                     latencies.append(record.ts - deadline)
     await ledger.close()
     latencies.sort()
