@@ -759,16 +759,16 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.suite == "decide":
-        from quotaledger.engine import bench_decide
+        from . import bench_decide
 
         if args.events is None:
             args.events = 200_000
         return bench_decide.main(args)
     if args.events is None:
         args.events = 1_000_000
-    from quotaledger.engine import bench
+    from . import bench_fold
 
-    return bench.main(args)
+    return bench_fold.main(args)
 
 
 EXAMPLES = """\

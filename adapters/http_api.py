@@ -32,7 +32,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from quotaledger.engine.audit import DECISION_KINDS, AuditReport, audit
+from quotaledger.engine.audit import DECISION_KINDS, audit
+from quotaledger.engine.audit_findings import AuditReport
 from quotaledger.engine.audit_words import report_json, report_text
 from quotaledger.engine.fold_loop import Until, fold, parse_until
 from quotaledger.engine.live import LiveEngine, LogExecutor, SimulateExecutor, wall_clock_ms

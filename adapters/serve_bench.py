@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from quotaledger.engine.bench import generate
+from quotaledger.adapters.workload import generate
 from quotaledger.events.ledger import Append
 
 from .http_api import ServeOptions, Server

@@ -55,7 +55,9 @@ from quotaledger.events.model import (
     EvictionSucceeded,
     FactRejected,
     LedgerDigest,
+    PreemptionCause,
     PreemptionFinished,
+    PreemptionOutcome,
     PreemptionStarted,
     kind_of,
 )
@@ -101,7 +103,7 @@ class _Expected:
     """What the re-derivation says a preemption should do."""
 
     queue: str
-    cause: str
+    cause: PreemptionCause
     plan: Plan | None
     requested: list[str] = field(default_factory=list)
 
@@ -731,7 +733,7 @@ class Auditor:
 
     def _expected_finish(
         self, preemption_id: str, any_eviction: bool
-    ) -> tuple[str, dict[str, int]] | None:
+    ) -> tuple[PreemptionOutcome, dict[str, int]] | None:
         if not any_eviction:
             return "not-helpful", {}
         for finished in EngineCore(self.main).finished():

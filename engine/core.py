@@ -24,7 +24,9 @@ from quotaledger.events.model import (
     ClocksObserved,
     Event,
     EvictionRequested,
+    PreemptionCause,
     PreemptionFinished,
+    PreemptionOutcome,
     PreemptionStarted,
 )
 from quotaledger.projections import Projection
@@ -40,7 +42,10 @@ from quotaledger.projections.resources import RL, add_into
 from quotaledger.projections.state import EvictionRun, ProjectedState
 
 #: §8 rule 27: at one instant, quota-decrease before overuse before reclaim.
-CAUSE_ORDER = {"quota-decrease": 0, "overuse": 1, "reclaim": 2}
+CAUSE_ORDER: dict[PreemptionCause, int] = {"quota-decrease": 0, "overuse": 1, "reclaim": 2}
+
+#: A timer's identity: (cause, queue, pod_uid, deadline).
+TimerKey = tuple[PreemptionCause, str, str, int]
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -52,20 +57,23 @@ class Timer:
     depth_rank: int  # negative depth: deeper first
     queue: str
     pod_uid: str = ""  # reclaim: the starving pod
-    cause: str = field(default="", compare=False)
+    cause: PreemptionCause = field(default="quota-decrease", compare=False)
+
+    @property
+    def key(self) -> TimerKey:
+        return (self.cause, self.queue, self.pod_uid, self.deadline)
 
 
-def timers(state: ProjectedState, horizon: int | None = None) -> list[Timer]:
+def timers(state: ProjectedState) -> list[Timer]:
     """Every armed timer whose setting is on, in firing order.
 
     Overuse and reclaim deadlines come from the clocks in force, i.e. the
     ``ClocksObserved`` records folded so far (:meth:`EngineCore.observe`
-    writes them); a stale clock yields no plan when fired. ``horizon`` is
-    accepted for callers that only look before it."""
+    writes them); a stale clock yields no plan when fired."""
     settings = state.settings
     out: list[Timer] = []
 
-    def add(queue: str, deadline: int, cause: str, pod_uid: str = "") -> None:
+    def add(queue: str, deadline: int, cause: PreemptionCause, pod_uid: str = "") -> None:
         depth = state.quotas[queue].depth if queue in state.quotas else 0
         out.append(Timer(deadline, CAUSE_ORDER[cause], -depth, queue, pod_uid, cause))
 
@@ -93,12 +101,17 @@ class EngineCore:
     ``sealed_through`` is an offset through which the driver knows it has
     applied every appended batch whole (the end of its own last append read
     back, or the tail it restored to); see :meth:`finished`.
+
+    ``handled`` holds the timers already proposed, so each is proposed once.
+    It only ever holds timers that are still armed (DECISIONS 63): a timer
+    that is no longer armed (its deadline consumed, its clock stopped) is
+    dropped at the next look, so the set stays as small as the timers.
     """
 
     projection: Projection
     instance: str = "engine"
     epoch: int = 0
-    handled: set[tuple[str, str, str, int]] = field(default_factory=set)
+    handled: set[TimerKey] = field(default_factory=set)
     sealed_through: int = -1
     #: refused timers: key -> (refusals so far, earliest ms to propose again)
     backoff: dict[tuple[str, str, str, int], tuple[int, int]] = field(default_factory=dict)
@@ -109,14 +122,17 @@ class EngineCore:
     def state(self) -> ProjectedState:
         return self.projection.state
 
-    def pending(self, horizon: int | None = None) -> list[Timer]:
-        """Timers not yet handled, waiting or due, in firing order (those
-        before ``horizon`` when given)."""
+    def pending(self) -> list[Timer]:
+        """Timers not yet handled, waiting or due, in firing order. Forgets
+        handled timers that are no longer armed."""
         state = self.state
+        armed = timers(state)
+        if self.handled:
+            self.handled.intersection_update(timer.key for timer in armed)
         return [
             timer
-            for timer in timers(state, horizon)
-            if (timer.cause, timer.queue, timer.pod_uid, timer.deadline) not in self.handled
+            for timer in armed
+            if timer.key not in self.handled
             and timer.queue not in state.occupied  # §8 rule 34: waits for the running one
         ]
 
@@ -129,7 +145,7 @@ class EngineCore:
     def next_deadline(self, before: int | None = None) -> int | None:
         """The earliest time a pending timer may fire (only looking before
         ``before`` if given)."""
-        waiting = self.pending(before)
+        waiting = self.pending()
         if not waiting:
             return None
         at = min(self.ready_at(timer) for timer in waiting)
@@ -138,7 +154,7 @@ class EngineCore:
         return at
 
     def due(self, now: int) -> list[Timer]:
-        return [timer for timer in self.pending(now + 1) if self.ready_at(timer) <= now]
+        return [timer for timer in self.pending() if self.ready_at(timer) <= now]
 
     def plan(self, timer: Timer) -> Plan | None:
         if timer.cause == "quota-decrease":
@@ -159,7 +175,7 @@ class EngineCore:
         state = self.state
         if timer.queue in state.occupied:
             return []
-        self.handled.add((timer.cause, timer.queue, timer.pod_uid, timer.deadline))
+        self.handled.add(timer.key)
         if timer.queue not in state.quotas:
             return []
         plan = self.plan(timer)
@@ -173,7 +189,7 @@ class EngineCore:
             PreemptionStarted(
                 preemption_id=preemption_id,
                 queue=plan.queue,
-                cause=plan.cause,  # type: ignore[arg-type]
+                cause=plan.cause,
                 target=plan.target,
                 basis=basis,
                 epoch=self.epoch,
@@ -233,14 +249,14 @@ class EngineCore:
             # accepted (ours, or an identical proposal of another engine)
             self.backoff.pop(key, None)
             return
-        self.handled.discard(key)
+        self.handled.discard(timer.key)
         if now is None:
             return
         refusals = self.backoff.get(key, (0, 0))[0] + 1
         wait = min(self.backoff_base_ms << min(refusals - 1, 30), self.backoff_max_ms)
         self.backoff[key] = (refusals, now + wait)
         if len(self.backoff) > 4 * len(self.handled) + 1024:
-            alive = {(t.cause, t.queue, t.pod_uid, t.deadline) for t in timers(state)}
+            alive = {t.key for t in timers(state)}
             self.backoff = {k: v for k, v in self.backoff.items() if k in alive}
 
     def observe(self, now: int) -> ClocksObserved | None:
@@ -317,6 +333,7 @@ class EngineCore:
                 )
             else:
                 complete = met(claimed, run.target, state.settings.preemption_miss_percent)
+            outcome: PreemptionOutcome
             if complete or succeeded:
                 outcome = "complete" if complete else "best-effort"
             else:
@@ -326,7 +343,7 @@ class EngineCore:
                 PreemptionFinished(
                     preemption_id=run.preemption_id,
                     queue=run.queue,
-                    outcome=outcome,  # type: ignore[arg-type]
+                    outcome=outcome,
                     claimed={k: claimed[k] for k in sorted(claimed)},
                     reason=reason,
                     epoch=self.epoch,

@@ -1,4 +1,4 @@
-"""Codecs: JSON (the wire and ledger form) and MessagePack (snapshots).
+"""Codecs: JSON, the wire and ledger form of events (snapshots: ``projections.snapshot``).
 
 A ledger record's payload is the JSON of one event, exactly as it arrived for
 facts (a producer's Kafka message value, a JSONL line) and as the engine wrote

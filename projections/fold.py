@@ -255,7 +255,7 @@ class Projection:
         if isinstance(event, EvictionSucceeded | EvictionFailed):
             return guard.on_eviction_outcome(state, event)
         if isinstance(event, PreemptionFinished):
-            return guard.on_finished(state, event)
+            return guard.on_finished(state, event, offset)
         return f"kind: unsupported event {kind_of(event)!r}"
 
     # ------------------------------------------------------------ reading

@@ -23,7 +23,7 @@ from quotaledger.events.model import (
 from quotaledger.events.times import seconds_ms
 
 from .resources import fits
-from .state import EvictionRun, PreemptionRun, ProjectedState
+from .state import FINISHED_KEPT, EvictionOutcome, EvictionRun, PreemptionRun, ProjectedState
 from .tree import flush_sums
 
 _UNLIMITED = float("inf")
@@ -176,7 +176,7 @@ def on_eviction(state: ProjectedState, event: EvictionRequested, offset: int) ->
     return None
 
 
-def settle_eviction(state: ProjectedState, eviction_id: str, outcome: str) -> None:
+def settle_eviction(state: ProjectedState, eviction_id: str, outcome: EvictionOutcome) -> None:
     """Record an eviction's outcome (idempotent: the first outcome wins)."""
     run = state.evictions.get(eviction_id)
     if run is None or run.outcome is not None:
@@ -192,7 +192,7 @@ def on_eviction_outcome(
     state: ProjectedState, event: EvictionSucceeded | EvictionFailed
 ) -> str | None:
     """Idempotent by eviction_id: a repeated or late outcome is a no-op."""
-    outcome = "succeeded" if isinstance(event, EvictionSucceeded) else "failed"
+    outcome: EvictionOutcome = "succeeded" if isinstance(event, EvictionSucceeded) else "failed"
     settle_eviction(state, event.eviction_id, outcome)
     return None
 
@@ -204,8 +204,9 @@ def on_pod_gone(state: ProjectedState, uid: str) -> None:
         settle_eviction(state, eviction_id, "succeeded")
 
 
-def on_finished(state: ProjectedState, event: PreemptionFinished) -> str | None:
-    """End a preemption: free every queue it occupied."""
+def on_finished(state: ProjectedState, event: PreemptionFinished, offset: int) -> str | None:
+    """End a preemption: free every queue it occupied, and remember its id
+    (the last :data:`FINISHED_KEPT` finished, by offset: DECISIONS 62)."""
     run = state.preemptions.get(event.preemption_id)
     if run is None:
         return f"preemption_id: {event.preemption_id!r} is not running"
@@ -217,7 +218,7 @@ def on_finished(state: ProjectedState, event: PreemptionFinished) -> str | None:
         if eviction is not None and state.evicting_pods.get(eviction.pod_uid) == eviction_id:
             del state.evicting_pods[eviction.pod_uid]
     del state.preemptions[run.preemption_id]
-    state.finished_preemptions.add(run.preemption_id)
+    remember_finished(state, run.preemption_id, offset)
     if run.cause == "overuse":
         state.owing_held.add(run.queue)
         state.owing_since.pop(run.queue, None)
@@ -225,3 +226,13 @@ def on_finished(state: ProjectedState, event: PreemptionFinished) -> str | None:
         state.starving_held.add(run.pod_uid)
         state.starving_since.pop(run.pod_uid, None)
     return None
+
+
+def remember_finished(state: ProjectedState, preemption_id: str, offset: int) -> None:
+    """Keep a finished preemption's id so a duplicate ``PreemptionStarted``
+    (a retried append, DESIGN §10) is refused; only the :data:`FINISHED_KEPT`
+    most recently finished are kept, a function of the ledger alone."""
+    finished = state.finished_preemptions
+    finished[preemption_id] = offset
+    if len(finished) > FINISHED_KEPT:
+        del finished[min(finished, key=finished.__getitem__)]

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from quotaledger.events.model import PodUpserted
+from quotaledger.events.model import PodUpserted, PreemptionCause
 from quotaledger.events.times import epoch_us
 
 from .clocks import owed
@@ -34,21 +34,21 @@ class Plan(msgspec.Struct):
     """A preemption to start: its target and victims (possibly none)."""
 
     queue: str
-    cause: str
+    cause: PreemptionCause
     target: RL
     victims: list[Victim]
     reason: str = ""
     pod_uid: str | None = None
 
 
-def _created_key(pod: PodUpserted, younger_first: bool) -> tuple[int, int]:
-    """§8 rule 25: a null ``created_at`` counts as oldest. Exact integer
-    microseconds, a time without offset being UTC (§9): never the machine's
-    local zone, so the order is the same on every machine."""
+def _younger_first(pod: PodUpserted) -> tuple[int, int]:
+    """Sort key putting younger pods (later ``created_at``) first; a null
+    ``created_at`` counts as oldest (§8 rule 25). Exact integer microseconds, a
+    time without offset being UTC (§9): never the machine's local zone, so the
+    order is the same on every machine."""
     if pod.created_at is None:
-        return (1, 0) if younger_first else (0, 0)
-    stamp = epoch_us(pod.created_at)
-    return (0, -stamp) if younger_first else (1, -stamp)
+        return (1, 0)
+    return (0, -epoch_us(pod.created_at))
 
 
 def created_text(pod: PodUpserted) -> str | None:
@@ -63,14 +63,14 @@ def decrease_sort_key(pod: PodUpserted) -> tuple[Any, ...]:
         pod.originator,
         pod.priority,
         not pod.allow_preemption,
-        _created_key(pod, younger_first=True),
+        _younger_first(pod),
         pod.uid,
     )
 
 
 def revoke_sort_key(pod: PodUpserted) -> tuple[Any, ...]:
     """Rule 2 order, least important first: lower priority, later start, uid."""
-    return (pod.priority, _created_key(pod, younger_first=True), pod.uid)
+    return (pod.priority, _younger_first(pod), pod.uid)
 
 
 def _evictable(state: ProjectedState, node: QuotaNode) -> list[PodUpserted]:
@@ -362,7 +362,7 @@ def reclaim_plan(state: ProjectedState, uid: str) -> Plan | None:
         depth = _depth_of_common_ancestor(state, name, queue)
         for pod in _evictable(state, node):
             if pod.preemptible and _shares_resource(pod, gap):
-                key = (-depth, pod.priority, _created_key(pod, younger_first=True), pod.uid)
+                key = (-depth, pod.priority, _younger_first(pod), pod.uid)
                 ranked.append((key, pod, name))
     ranked.sort(key=lambda item: item[0])
     claimed: RL = {}

@@ -8,7 +8,7 @@ Derived lists are kept *sparse*: a zero amount is not stored.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 RL = dict[str, int]
 
@@ -33,14 +33,6 @@ def sub_into(total: RL, amounts: Mapping[str, int]) -> None:
                 total[key] = new
             else:
                 del total[key]
-
-
-def summed(lists: Iterable[Mapping[str, int]]) -> RL:
-    """Σ of resource lists, sparse."""
-    out: RL = {}
-    for amounts in lists:
-        add_into(out, amounts)
-    return out
 
 
 def sparse(amounts: Mapping[str, int]) -> RL:

@@ -1,139 +1,94 @@
-"""Snapshots: the fold's facts as MessagePack, restored by recomputation (DESIGN §3, §5).
+"""Snapshots: the persisted state as JSON, restored by recomputation (DESIGN §3, §5, §9).
 
-A snapshot stores only what facts and decisions determine (configurations,
-pods, nodes, settings, weights, the guard's and timers' state, rejections);
-every derived number is recomputed on restore, so snapshot + tail gives the
-same hash as a full replay.
+A snapshot stores the persisted fields of the state (:mod:`.persisted`, the
+one list the state hash also reads) and nothing else; every index and
+derived number is rebuilt on restore, so snapshot + tail gives the same
+state and hash as a full replay.
+
+Format 2 is msgspec JSON (sorted keys), because sums of bounded amounts
+(a preemption's target, a node total) may exceed 2^64 − 1, which MessagePack
+cannot hold, while JSON integers have no bound (DESIGN §9; DECISIONS 61).
+Format 1 (MessagePack) is refused with :class:`SnapshotError`: a snapshot is
+a cache, so the caller replays instead.
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from quotaledger.events.model import PodUpserted, QuotaUpserted
-
 from .derive import recompute_all
+from .persisted import StoredState, restore_fields, stored
 from .resources import add_into
-from .state import (
-    BUILTIN,
-    EvictionRun,
-    PreemptionRun,
-    ProjectedState,
-    QuotaNode,
-    Rejection,
-    Settings,
-)
+from .state import ProjectedState
 from .tree import attach_pod, compact, is_active, refresh_connectivity
 
-FORMAT = 1
-
-
-class SnapshotBody(msgspec.Struct, kw_only=True):
-    format: int
-    ledger_id: str | None
-    offset: int
-    ts: int
-    settings: Settings
-    leader_epoch: int
-    nodes: dict[str, dict[str, int]]
-    quotas: list[QuotaUpserted]
-    pods: list[PodUpserted]
-    namespace_weights: dict[str, int]
-    rejected: list[Rejection]
-    decrease_deadlines: dict[str, int]
-    preemptions: list[PreemptionRun]
-    evictions: list[EvictionRun]
-    finished_preemptions: list[str]
-    owing_since: dict[str, int]
-    owing_held: list[str]
-    evicted_pods: dict[str, str]
-    starving_since: dict[str, int]
-    starving_held: list[str]
-    leader_instance: str = ""  # last: snapshots written before it still load
-
-
-_DECODER = msgspec.msgpack.Decoder(SnapshotBody)
-_ENCODER = msgspec.msgpack.Encoder()
+FORMAT = 2
 
 
 class SnapshotError(ValueError):
     """A snapshot this version cannot read."""
 
 
+class _Header(msgspec.Struct):
+    format: int
+
+
+class _Snapshot(msgspec.Struct, kw_only=True):
+    format: int
+    state: StoredState  # type: ignore[valid-type]
+
+
+_ENCODER = msgspec.json.Encoder(order="sorted")
+_HEADER = msgspec.json.Decoder(_Header)
+_DECODER = msgspec.json.Decoder(_Snapshot)
+
+
 def dump(state: ProjectedState) -> bytes:
-    """Encode the state's facts (deterministic: every collection sorted)."""
-    body = SnapshotBody(
-        format=FORMAT,
-        ledger_id=state.ledger_id,
-        offset=state.offset,
-        ts=state.ts,
-        settings=state.settings,
-        leader_epoch=state.leader_epoch,
-        nodes={name: state.nodes[name] for name in sorted(state.nodes)},
-        quotas=[state.quotas[name].config for name in sorted(state.quotas)],
-        pods=[state.pods[uid] for uid in sorted(state.pods)],
-        namespace_weights=dict(sorted(state.namespace_weights.items())),
-        rejected=list(state.rejected),
-        decrease_deadlines=dict(sorted(state.decrease_deadlines.items())),
-        preemptions=[state.preemptions[key] for key in sorted(state.preemptions)],
-        evictions=[state.evictions[key] for key in sorted(state.evictions)],
-        finished_preemptions=sorted(state.finished_preemptions),
-        owing_since=dict(sorted(state.owing_since.items())),
-        owing_held=sorted(state.owing_held),
-        evicted_pods=dict(sorted(state.evicted_pods.items())),
-        starving_since=dict(sorted(state.starving_since.items())),
-        starving_held=sorted(state.starving_held),
-        leader_instance=state.leader_instance,
-    )
-    return _ENCODER.encode(body)
+    """Encode the persisted state (deterministic: every collection sorted)."""
+    return _ENCODER.encode(_Snapshot(format=FORMAT, state=stored(state)))
 
 
 def load(blob: bytes) -> ProjectedState:
-    """Rebuild a state from :func:`dump`'s bytes, recomputing derived numbers."""
+    """Rebuild a state from :func:`dump`'s bytes, recomputing everything derived."""
+    try:
+        header = _HEADER.decode(blob)
+    except msgspec.DecodeError:
+        if blob[:1] != b"{":
+            raise SnapshotError("snapshot format 1 (MessagePack) is not 2") from None
+        raise SnapshotError("unreadable snapshot: no format") from None
+    if header.format != FORMAT:
+        raise SnapshotError(f"snapshot format {header.format} is not {FORMAT}")
     try:
         body = _DECODER.decode(blob)
     except msgspec.DecodeError as exc:
         raise SnapshotError(f"unreadable snapshot: {exc}") from None
-    if body.format != FORMAT:
-        raise SnapshotError(f"snapshot format {body.format} is not {FORMAT}")
-    state = ProjectedState.empty()
-    state.ledger_id, state.offset, state.ts = body.ledger_id, body.offset, body.ts
-    state.settings, state.leader_epoch = body.settings, body.leader_epoch
-    state.leader_instance = body.leader_instance
-    for name, allocatable in body.nodes.items():
-        state.nodes[name] = allocatable
+    state = ProjectedState()
+    restore_fields(state, body.state)
+    rebuild_indexes(state)
+    return state
+
+
+def rebuild_indexes(state: ProjectedState) -> None:
+    """Rebuild every index and derived number from the persisted fields alone:
+    node totals, the tree's parent index, connectivity and namespace claims,
+    pod association and the starvation indexes, the guard's occupied queues
+    and evicting pods; then the full recompute (DESIGN §5)."""
+    for allocatable in state.nodes.values():
         add_into(state.allocatable, allocatable)
-    for config in body.quotas:
-        if config.name in BUILTIN and config.name in state.quotas:
-            state.quotas[config.name].config = config
-        else:
-            state.quotas[config.name] = QuotaNode(config=config)
-            state.children_of.setdefault(config.parent, set()).add(config.name)
-        for ns in config.namespaces:
-            state.namespace_claims[ns] = config.name
+    for name, node in state.quotas.items():
+        state.children_of.setdefault(node.config.parent, set()).add(name)
+        for ns in node.config.namespaces:
+            state.namespace_claims[ns] = name
     for name in state.quotas:
         refresh_connectivity(state, name)
-    for pod in body.pods:
+    for pod in state.pods.values():
         compact(pod, None)
-        state.pods[pod.uid] = pod
         if is_active(pod):
             attach_pod(state, pod)
-    state.namespace_weights = dict(body.namespace_weights)
-    state.rejected = list(body.rejected)
-    state.decrease_deadlines = dict(body.decrease_deadlines)
-    for run in body.preemptions:
-        state.preemptions[run.preemption_id] = run
+    for run in state.preemptions.values():
         for queue in run.occupied:
             state.occupied[queue] = run.preemption_id
-    for eviction in body.evictions:
-        state.evictions[eviction.eviction_id] = eviction
+    for eviction in state.evictions.values():
         if eviction.outcome is None:
             state.evicting_pods[eviction.pod_uid] = eviction.eviction_id
-    state.finished_preemptions = set(body.finished_preemptions)
-    state.owing_since = dict(body.owing_since)
-    state.owing_held = set(body.owing_held)
-    state.evicted_pods = dict(body.evicted_pods)
-    state.starving_since = dict(body.starving_since)
-    state.starving_held = set(body.starving_held)
     recompute_all(state)
-    return state

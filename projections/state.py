@@ -10,10 +10,12 @@ anything reads them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
 
 import msgspec
 
-from quotaledger.events.model import PodUpserted, QuotaUpserted
+from quotaledger.events.model import PodUpserted, PreemptionCause, QuotaUpserted
 
 from .resources import RL
 from .terms import Terms
@@ -23,6 +25,32 @@ SYSTEM = "system"
 DEFAULT = "default"
 BUILTIN = frozenset({SYSTEM, DEFAULT})
 ACTIVE_PHASES = frozenset({"Pending", "Running"})
+
+#: How an eviction ended (DESIGN §6): the executor's answer, or the pod seen gone.
+EvictionOutcome = Literal["succeeded", "failed"]
+
+#: How many finished preemption ids the guard remembers (DECISIONS 62): a
+#: ``PreemptionStarted`` re-using one of them is refused as a duplicate.
+FINISHED_KEPT = 4096
+
+#: Key of a dataclass field's metadata marking it persisted (``HASHED``/``UNHASHED``).
+PERSISTED = "quotaledger.persisted"
+
+
+class Persisted(msgspec.Struct, frozen=True):
+    """A :class:`ProjectedState` field the facts and decisions determine.
+
+    Snapshots store every persisted field and nothing else; the state hash
+    covers those with ``hashed`` (DESIGN §5 "State hash"; DECISIONS 60).
+    Every other field is derived or bookkeeping, rebuilt on restore.
+    """
+
+    hashed: bool = True
+
+
+#: Field metadata of a persisted field, in the state hash or outside it.
+HASHED = MappingProxyType({PERSISTED: Persisted(hashed=True)})
+UNHASHED = MappingProxyType({PERSISTED: Persisted(hashed=False)})
 
 
 class Settings(msgspec.Struct, kw_only=True):
@@ -104,7 +132,7 @@ class PreemptionRun(msgspec.Struct, kw_only=True):
 
     preemption_id: str
     queue: str
-    cause: str
+    cause: PreemptionCause
     target: RL
     started_offset: int
     started_ts: int
@@ -124,7 +152,7 @@ class EvictionRun(msgspec.Struct, kw_only=True):
     requests: RL = msgspec.field(default_factory=dict)  # what the eviction releases
     instance: str = ""
     epoch: int = 0
-    outcome: str | None = None  # "succeeded" | "failed"
+    outcome: EvictionOutcome | None = None
 
 
 def builtin_config(name: str) -> QuotaUpserted:
@@ -134,48 +162,60 @@ def builtin_config(name: str) -> QuotaUpserted:
 
 @dataclass(slots=True, eq=False)
 class ProjectedState:
-    """Everything the fold knows at ``offset``; see module docstring."""
+    """Everything the fold knows at ``offset``; see module docstring.
 
-    ledger_id: str | None = None
-    offset: int = -1
-    ts: int = 0
-    settings: Settings = field(default_factory=Settings)
-    leader_epoch: int = 0
-    leader_instance: str = ""  # who holds ``leader_epoch`` (its accepted LeaderElected)
-    nodes: dict[str, RL] = field(default_factory=dict)
-    allocatable: RL = field(default_factory=dict)
-    pods: dict[str, PodUpserted] = field(default_factory=dict)
+    Fields with ``HASHED`` or ``UNHASHED`` metadata are persisted, what the
+    facts and decisions determine: a snapshot stores exactly those and the
+    state hash covers the ``HASHED`` ones (:mod:`quotaledger.projections.persisted`).
+    Adding a field with that metadata is all it takes to snapshot and hash it.
+    The other fields are indexes and derived numbers, rebuilt on restore.
+    """
+
+    ledger_id: str | None = field(default=None, metadata=UNHASHED)
+    offset: int = field(default=-1, metadata=UNHASHED)
+    ts: int = field(default=0, metadata=UNHASHED)
+    settings: Settings = field(default_factory=Settings, metadata=HASHED)
+    leader_epoch: int = field(default=0, metadata=HASHED)
+    # who holds ``leader_epoch`` (its accepted LeaderElected)
+    leader_instance: str = field(default="", metadata=HASHED)
+    nodes: dict[str, RL] = field(default_factory=dict, metadata=HASHED)
+    # stored as the configurations; nodes and their numbers are rebuilt
+    quotas: dict[str, QuotaNode] = field(default_factory=dict, metadata=HASHED)
+    pods: dict[str, PodUpserted] = field(default_factory=dict, metadata=HASHED)
+    namespace_weights: dict[str, int] = field(default_factory=dict, metadata=HASHED)
+    rejected: list[Rejection] = field(default_factory=list, metadata=UNHASHED)
+    # DESIGN §6: timers and the one-preemption-per-queue guard
+    decrease_deadlines: dict[str, int] = field(default_factory=dict, metadata=HASHED)
+    # running preemptions; their evictions; evicted pods whose removal is pending
+    preemptions: dict[str, PreemptionRun] = field(default_factory=dict, metadata=HASHED)
+    evictions: dict[str, EvictionRun] = field(default_factory=dict, metadata=HASHED)
+    evicted_pods: dict[str, str] = field(default_factory=dict, metadata=HASHED)
+    # preemption id -> offset of its PreemptionFinished; the last FINISHED_KEPT
+    finished_preemptions: dict[str, int] = field(default_factory=dict, metadata=HASHED)
+    # DESIGN §6 rules 2-3 clocks: queue/pod -> since ts; held ones wait for a fact
+    owing_since: dict[str, int] = field(default_factory=dict, metadata=HASHED)
+    owing_held: set[str] = field(default_factory=set, metadata=HASHED)
+    starving_since: dict[str, int] = field(default_factory=dict, metadata=HASHED)
+    starving_held: set[str] = field(default_factory=set, metadata=HASHED)
+    # ---- indexes, rebuilt from the persisted fields on restore
+    allocatable: RL = field(default_factory=dict)  # Σ nodes
+    occupied: dict[str, str] = field(default_factory=dict)  # queue -> preemption_id
+    evicting_pods: dict[str, str] = field(default_factory=dict)  # pod uid -> eviction_id
+    children_of: dict[str, set[str]] = field(default_factory=dict)  # incl. missing parents
+    namespace_claims: dict[str, str] = field(default_factory=dict)
     pod_quota: dict[str, str] = field(default_factory=dict)  # active pods only
     namespace_pods: dict[str, set[str]] = field(default_factory=dict)  # active pods
+    field_pods: dict[str, set[str]] = field(default_factory=dict)  # active, by `quota` field
     pending_pods: set[str] = field(default_factory=set)  # Pending without a node
-    # starvation bookkeeping (derived, rebuilt on restore): pending pods by quota and,
-    # per resource, by requested amount (with the distinct amounts sorted); what
-    # changed since the last sample
+    # starvation bookkeeping: pending pods by quota and, per resource, by
+    # requested amount (with the distinct amounts sorted); what changed since
+    # the last sample (a restored state starts with a full sample)
     pending_by_quota: dict[str, set[str]] = field(default_factory=dict)
     pending_index: dict[str, dict[int, set[str]]] = field(default_factory=dict)
     pending_amounts: dict[str, list[int]] = field(default_factory=dict)
     touched_pods: set[str] = field(default_factory=set)
     free_at_sample: RL = field(default_factory=dict)
     starving_full: bool = True
-    field_pods: dict[str, set[str]] = field(default_factory=dict)  # active, by `quota` field
-    quotas: dict[str, QuotaNode] = field(default_factory=dict)
-    children_of: dict[str, set[str]] = field(default_factory=dict)  # incl. missing parents
-    namespace_claims: dict[str, str] = field(default_factory=dict)
-    namespace_weights: dict[str, int] = field(default_factory=dict)
-    rejected: list[Rejection] = field(default_factory=list)
-    # DESIGN §6: timers and the one-preemption-per-queue guard
-    decrease_deadlines: dict[str, int] = field(default_factory=dict)
-    occupied: dict[str, str] = field(default_factory=dict)  # queue -> preemption_id
-    preemptions: dict[str, PreemptionRun] = field(default_factory=dict)  # running
-    evictions: dict[str, EvictionRun] = field(default_factory=dict)  # outstanding
-    evicting_pods: dict[str, str] = field(default_factory=dict)  # pod uid -> eviction_id
-    evicted_pods: dict[str, str] = field(default_factory=dict)  # evicted, removal pending
-    finished_preemptions: set[str] = field(default_factory=set)
-    # DESIGN §6 rules 2-3 clocks: queue/pod -> since ts; held ones wait for a fact
-    owing_since: dict[str, int] = field(default_factory=dict)
-    owing_held: set[str] = field(default_factory=set)
-    starving_since: dict[str, int] = field(default_factory=dict)
-    starving_held: set[str] = field(default_factory=set)
     # lazy recompute bookkeeping
     dirty: set[str] = field(default_factory=set)
     touched: set[str] = field(default_factory=set)  # changed since the clocks last looked

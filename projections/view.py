@@ -1,10 +1,12 @@
 """The state JSON of DESIGN §7 and the state hash (DESIGN §5 "State hash").
 
-The hash is a SHA-256 over a canonical (sorted-key) encoding of everything the
-projection knows that the facts determine — the state JSON without ``offset``,
-``time``, ``hash`` and ``rejected``, plus every pod, node, setting, namespace
-weight and running preemption. So full replay, snapshot + tail and a live
-engine at the same offset agree, and a rejected fact leaves the hash unchanged.
+The hash is a SHA-256 over a canonical (sorted-key JSON) encoding of everything
+the projection knows: the state JSON without ``offset``, ``time``, ``hash`` and
+``rejected`` (the derived numbers), plus every hashed persisted field — the same
+list snapshots store (:mod:`.persisted`; DECISIONS 60). So full replay,
+snapshot + tail and a live engine at the same offset agree, and a rejected fact
+leaves the hash unchanged. JSON integers are unbounded, so sums beyond 2^64
+hash too (DESIGN §9).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import msgspec
 from .available import reported_available
 from .derive import settle
 from .fair_share import fair_shares, namespace_usage
+from .persisted import hashed
 from .resources import RL, sparse
 from .state import ProjectedState
 
@@ -129,24 +132,11 @@ def _body(state: ProjectedState) -> dict[str, Any]:
 
 
 def state_hash(state: ProjectedState, body: dict[str, Any] | None = None) -> str:
-    """SHA-256 of the canonical state (see module docstring)."""
+    """SHA-256 of the canonical state (see module docstring); ``body`` is the
+    derived part when the caller has it already."""
     digest = hashlib.sha256()
     digest.update(_ENCODER.encode(body if body is not None else _body(state)))
-    digest.update(_ENCODER.encode(state.settings))
-    digest.update(_ENCODER.encode(state.nodes))
-    digest.update(_ENCODER.encode(state.namespace_weights))
-    digest.update(
-        _ENCODER.encode(
-            [state.leader_epoch, state.leader_instance, sorted(state.finished_preemptions)]
-        )
-    )
-    digest.update(_ENCODER.encode(state.preemptions))
-    digest.update(_ENCODER.encode(state.evictions))
-    digest.update(_ENCODER.encode([state.owing_since, sorted(state.owing_held)]))
-    digest.update(_ENCODER.encode(state.evicted_pods))
-    digest.update(_ENCODER.encode([state.starving_since, sorted(state.starving_held)]))
-    for uid in sorted(state.pods):
-        digest.update(_ENCODER.encode(state.pods[uid]))
+    digest.update(_ENCODER.encode(hashed(state)))
     return digest.hexdigest()
 
 
@@ -163,8 +153,3 @@ def state_json(state: ProjectedState) -> dict[str, Any]:
             for item in state.rejected
         ],
     }
-
-
-def encode_json(document: Any) -> bytes:
-    """Canonical JSON bytes (sorted keys) of a view document."""
-    return _ENCODER.encode(document)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from quotaledger.adapters.cli import main
-from quotaledger.engine import bench
+from quotaledger.adapters.workload import Workload, generate
 from quotaledger.events.codec import decode_event
 from quotaledger.events.model import QuotaUpserted
 from quotaledger.projections import Projection
@@ -28,8 +28,8 @@ FIGURES = (
 
 
 @pytest.fixture(scope="module")
-def workload() -> bench.Workload:
-    return bench.generate(quotas=100, pods=1000, nodes=10, events=5000, seed=1)
+def workload() -> Workload:
+    return generate(quotas=100, pods=1000, nodes=10, events=5000, seed=1)
 
 
 def test_bench_fold_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -58,14 +58,14 @@ def test_bench_fold_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "fold" in out and "target" in out and "estimate" in out
 
 
-def test_generator_is_deterministic(workload: bench.Workload) -> None:
-    again = bench.generate(quotas=100, pods=1000, nodes=10, events=5000, seed=1)
+def test_generator_is_deterministic(workload: Workload) -> None:
+    again = generate(quotas=100, pods=1000, nodes=10, events=5000, seed=1)
     assert [r.payload for r in again.records] == [r.payload for r in workload.records]
-    other = bench.generate(quotas=100, pods=1000, nodes=10, events=5000, seed=2)
+    other = generate(quotas=100, pods=1000, nodes=10, events=5000, seed=2)
     assert [r.payload for r in other.churn] != [r.payload for r in workload.churn]
 
 
-def test_generated_tree_has_five_levels(workload: bench.Workload) -> None:
+def test_generated_tree_has_five_levels(workload: Workload) -> None:
     configs = [
         event
         for event in (decode_event(r.payload) for r in workload.config)
@@ -89,7 +89,7 @@ def test_generated_tree_has_five_levels(workload: bench.Workload) -> None:
     assert len(leaves) > len(configs) // 2
 
 
-def test_fold_of_the_workload(workload: bench.Workload) -> None:
+def test_fold_of_the_workload(workload: Workload) -> None:
     projection = Projection()
     for record in workload.records:
         projection.apply_record(record)
@@ -107,7 +107,7 @@ def test_fold_of_the_workload(workload: bench.Workload) -> None:
     assert all(a.ts <= b.ts for a, b in zip(workload.records, workload.records[1:], strict=False))
 
 
-def test_churn_mix(workload: bench.Workload) -> None:
+def test_churn_mix(workload: Workload) -> None:
     mix = workload.mix
     total = sum(mix.values())
     assert total == 5000
@@ -119,4 +119,4 @@ def test_churn_mix(workload: bench.Workload) -> None:
 
 def test_too_few_quotas() -> None:
     with pytest.raises(ValueError, match="at least 5"):
-        bench.generate(quotas=4, pods=10, nodes=1, events=10)
+        generate(quotas=4, pods=10, nodes=1, events=10)

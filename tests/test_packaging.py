@@ -132,7 +132,8 @@ def test_wheel_holds_only_the_quotaledger_namespace(installed: tuple[Path, Path,
         assert not any(name.startswith(f"{bare}/") for name in names), bare
     for package in SOURCES:
         assert f"quotaledger/{package}/__init__.py" in names, package
-    assert "quotaledger/events/py.typed" in names
+    for package in SOURCES:
+        assert f"quotaledger/{package}/py.typed" in names, package
     assert "quotaledger/adapters/cli.py" in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()

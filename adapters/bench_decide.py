@@ -7,8 +7,6 @@ quota-decrease triggers (a lowered max with a 20 ms delay) and measures, in
 ledger time, from each trigger's deadline to the first ``EvictionRequested``
 of the preemption it caused. Throughput: ``simulate`` over a day-long
 generated scenario, in events/s.
-
-The SQLite adapter is imported lazily: only the benchmark needs it.
 """
 
 from __future__ import annotations
@@ -28,13 +26,14 @@ from typing import Any
 
 import msgspec
 
+from quotaledger.engine.live import LiveEngine, SimulateExecutor
+from quotaledger.engine.simulate import Simulation
 from quotaledger.events.codec import decode_event
 from quotaledger.events.ledger import Append
 from quotaledger.events.model import EvictionRequested, PreemptionStarted, QuotaUpserted
 
-from .bench import generate
-from .live import LiveEngine, SimulateExecutor
-from .simulate import Simulation
+from .sqlite_ledger import SqliteLedger
+from .workload import generate
 
 DELAY_S = 0.02
 
@@ -45,7 +44,6 @@ def _log(message: str) -> None:
 
 def _background(path: str, payloads: list[bytes], rate: int, stop_after: float) -> None:
     """Child process: append re-upserts of existing pods at ``rate`` events/s."""
-    from quotaledger.adapters.sqlite_ledger import SqliteLedger
 
     async def main() -> None:
         ledger = await SqliteLedger.open(path, create=False)
@@ -102,8 +100,6 @@ def _trigger(config: QuotaUpserted, used: dict[str, int]) -> bytes | None:
 
 
 async def _latency(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
-    from quotaledger.adapters.sqlite_ledger import SqliteLedger
-
     work = generate(args.quotas, args.pods, args.nodes, 0, args.seed)
     path = directory / "decide.db"
     ledger = await SqliteLedger.open(str(path), ledger_id=f"bench-{args.seed}")
@@ -184,9 +180,9 @@ async def _latency(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
                 started[event.preemption_id] = (event.queue, event.basis)
             elif isinstance(event, EvictionRequested) and event.preemption_id in started:
                 queue, _ = started.pop(event.preemption_id)
-                offset = triggers.get(queue)
-                if offset is not None and offset in trigger_ts:
-                    deadline = trigger_ts[offset] + round(DELAY_S * 1000)
+                trigger = triggers.get(queue)
+                if trigger is not None and trigger in trigger_ts:
+                    deadline = trigger_ts[trigger] + round(DELAY_S * 1000)
                     latencies.append(record.ts - deadline)
     await ledger.close()
     latencies.sort()

@@ -1,0 +1,112 @@
+"""The persisted state: one list for snapshots and the state hash (DESIGN §5 "State hash", §9).
+
+The fields of :class:`~.state.ProjectedState` with ``HASHED`` or ``UNHASHED``
+metadata are what the facts and decisions determine. This
+module reads that declaration once and gives each field its *stored form*:
+a canonical value (collections sorted) that msgspec encodes and decodes.
+
+- :mod:`.snapshot` stores the stored form of every persisted field and sets
+  them back on restore;
+- :func:`.view.state_hash` hashes the stored form of every *hashed* field
+  (all but ``ledger_id``, ``offset``, ``ts`` and ``rejected``: DECISIONS 60).
+
+So a field added to ``ProjectedState`` with that metadata round-trips and
+hashes with no other change. The stored form follows the field's type:
+
+- ``set[T]`` is stored as a sorted ``list[T]``;
+- ``dict[str, V]`` as a dict sorted by key;
+- ``dict[str, QuotaNode]`` (the tree) as each quota's configuration, by name;
+- anything else (scalars, Structs, lists) as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from quotaledger.events.model import QuotaUpserted
+
+from .state import PERSISTED, Persisted, ProjectedState, QuotaNode
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PersistedField:
+    """One persisted field: its stored type and the two conversions."""
+
+    name: str
+    hashed: bool
+    stored_type: Any
+    stored: Callable[[Any], Any]  # state value -> stored form
+    restored: Callable[[Any], Any]  # decoded stored form -> state value
+
+
+def _sorted_list(value: set[Any]) -> list[Any]:
+    return sorted(value)
+
+
+def _sorted_dict(value: dict[str, Any]) -> dict[str, Any]:
+    return {key: value[key] for key in sorted(value)}
+
+
+def _configs(value: dict[str, QuotaNode]) -> dict[str, QuotaUpserted]:
+    return {name: value[name].config for name in sorted(value)}
+
+
+def _nodes(value: dict[str, QuotaUpserted]) -> dict[str, QuotaNode]:
+    return {name: QuotaNode(config=config) for name, config in value.items()}
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _describe(name: str, hint: Any, marker: Persisted) -> PersistedField:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is set:
+        return PersistedField(name, marker.hashed, list[args[0]], _sorted_list, set)  # type: ignore[valid-type]
+    if origin is dict and args[1] is QuotaNode:
+        return PersistedField(name, marker.hashed, dict[str, QuotaUpserted], _configs, _nodes)
+    if origin is dict:
+        return PersistedField(name, marker.hashed, hint, _sorted_dict, dict)
+    return PersistedField(name, marker.hashed, hint, _same, _same)
+
+
+def _persisted_fields() -> tuple[PersistedField, ...]:
+    hints = typing.get_type_hints(ProjectedState)
+    out: list[PersistedField] = []
+    for item in dataclasses.fields(ProjectedState):
+        marker = item.metadata.get(PERSISTED)
+        if isinstance(marker, Persisted):
+            out.append(_describe(item.name, hints[item.name], marker))
+    return tuple(out)
+
+
+#: Every persisted field, in declaration order (the order of restore).
+FIELDS = _persisted_fields()
+
+#: The stored state: one attribute per persisted field.
+StoredState: type[msgspec.Struct] = msgspec.defstruct(
+    "StoredState", [(item.name, item.stored_type) for item in FIELDS], kw_only=True
+)
+
+
+def stored(state: ProjectedState) -> msgspec.Struct:
+    """The stored form of every persisted field of ``state``."""
+    return StoredState(**{item.name: item.stored(getattr(state, item.name)) for item in FIELDS})
+
+
+def hashed(state: ProjectedState) -> dict[str, Any]:
+    """The stored form of every hashed field, by name."""
+    return {item.name: item.stored(getattr(state, item.name)) for item in FIELDS if item.hashed}
+
+
+def restore_fields(state: ProjectedState, body: msgspec.Struct) -> None:
+    """Set every persisted field of ``state`` from a decoded :data:`StoredState`
+    (indexes and derived numbers are the caller's: :func:`.snapshot.load`)."""
+    for item in FIELDS:
+        setattr(state, item.name, item.restored(getattr(body, item.name)))
