@@ -138,6 +138,8 @@ class ApiServer:
         self.eviction_posts: list[tuple[str, str, int]] = []  # (namespace, name, status)
         self.watch_timeout_cap: float | None = None
         self.fail_lists = 0  # the next N list requests answer 500
+        self.refuse_watches = False  # while True, every watch request answers 500
+        self.watch_params: list[dict[str, str]] = []  # query of every watch request
         self.closing = False
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -389,6 +391,9 @@ class ApiServer:
         )
 
     async def _watch(self, request: web.Request, route: _Route) -> web.StreamResponse:
+        self.watch_params.append(dict(request.query))
+        if self.refuse_watches:
+            return _answer(500, "InternalError", "scripted watch failure")
         since_text = request.query.get("resourceVersion", "")
         bookmarks = request.query.get("allowWatchBookmarks") in ("true", "True", "1")
         timeout = float(request.query.get("timeoutSeconds", "0") or 0) or None

@@ -49,7 +49,7 @@ async def connect(kubeconfig: str | None, in_cluster: bool) -> Cluster:
     configuration = client.Configuration()
     if in_cluster:
         try:
-            config.load_incluster_config(client_configuration=configuration)
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         except config.ConfigException as exc:
             raise ClusterConfigError(f"--in-cluster: {exc}") from None
         try:

@@ -14,7 +14,7 @@ the running sum, per resource, plus ``spec.overhead``. Pod-level ``spec.resource
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -43,6 +43,8 @@ SOURCE_POD_KEYS: dict[str, tuple[tuple[str, str, str], ...]] = {
 }
 
 _ENCODER = msgspec.json.Encoder()
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
 
 class Untranslatable(ValueError):
@@ -168,9 +170,13 @@ def _timestamp(value: Any, path: str) -> str | None:
     if not isinstance(value, str):
         raise Untranslatable(f"{path}: expected an RFC 3339 time")
     try:
-        datetime.fromisoformat(value)
+        moment = datetime.fromisoformat(value)
     except ValueError:
         raise Untranslatable(f"{path}: {value!r} is not an RFC 3339 time") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    if not EARLIEST <= moment < LATEST:
+        raise Untranslatable(f"{path}: {value!r} is outside 1970..9000 (DESIGN §9)")
     return value
 
 

@@ -128,7 +128,7 @@ class Baseline:
         """From the projected state. Nodes keep only allocatable there, so a node with
         labels or ``unschedulable`` is upserted once more after a restart (DECISIONS 101)."""
         return cls(
-            pods=dict(state.pods),  # type: ignore[arg-type]
+            pods=dict(state.pods),
             nodes={
                 name: NodeUpserted(name=name, allocatable=dict(allocatable))
                 for name, allocatable in state.nodes.items()
@@ -373,9 +373,10 @@ class ClusterWatcher:
                 "SettingsChanged",
                 {key: value},
             )
-        for key in list(self._refused):
-            if key[0] == "settings" and key[1] not in {k for k, _ in bad}:
-                del self._refused[key]
+        still_bad = {key for key, _ in bad}
+        for refused in list(self._refused):
+            if refused[0] == "settings" and refused[1] not in still_bad:
+                del self._refused[refused]
         if changed:
             self.baseline.settings.update(changed)
             self._emit(msgspec.json.encode({"kind": "SettingsChanged", **changed}))
