@@ -59,7 +59,7 @@ def server_message(exc: ApiException) -> str:
 
 
 def retry_after_s(exc: ApiException) -> float | None:
-    headers = exc.headers or {}
+    headers: Any = exc.headers or {}
     value = headers.get("Retry-After") if hasattr(headers, "get") else None
     try:
         return max(0.0, float(value)) if value is not None else None
@@ -109,7 +109,7 @@ class KubernetesExecutor:
                     return [EvictionFailed(eviction_id=eviction.eviction_id, error=message)]
                 delay = retry_after_s(exc)
                 failed = await self._wait_to_retry(delay, backoff, deadline, message)
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 failed = await self._wait_to_retry(None, backoff, deadline, f"network: {exc}")
             else:
                 return await self._await_removal(eviction, state, deadline)
