@@ -306,6 +306,19 @@ async def _run_engine(args: argparse.Namespace) -> None:
         loop.add_signal_handler(signum, stop.set)
     if args.stop_after is not None:
         loop.call_later(args.stop_after, stop.set)
+    from .kubernetes.options import on_cluster
+
+    if on_cluster(args):
+        from .kubernetes.client import ClusterConfigError
+        from .kubernetes.cluster import run_on_cluster
+
+        try:
+            await run_on_cluster(args, ledger, stop)
+        except ClusterConfigError as exc:
+            raise UserError(str(exc)) from None
+        finally:
+            await ledger.close()
+        return
     executor = SimulateExecutor() if args.executor == "simulate" else LogExecutor()
     engine = LiveEngine(
         ledger,
@@ -331,6 +344,11 @@ async def _run_engine(args: argparse.Namespace) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     import logging
 
+    from .kubernetes.options import check_arguments
+
+    problem = check_arguments(args)
+    if problem is not None:
+        raise UserError(problem)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     asyncio.run(_run_engine(args))
     return 0
@@ -581,11 +599,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Follow the ledger, run the reconcilers on the wall clock and drive"
         " evictions, until SIGTERM/SIGINT (which drain and exit cleanly).",
         epilog="examples:\n  quotaledger run ledger.db\n"
-        "  quotaledger run ledger.db --executor log --instance eng-1\n",
+        "  quotaledger run ledger.db --executor log --instance eng-1\n"
+        "  quotaledger run ledger.db --kubeconfig ~/.kube/config --executor log   # shadow mode\n"
+        "  quotaledger run /data/ledger.db --in-cluster --executor kubernetes\n",
         formatter_class=raw,
     )
     run.add_argument("ledger", help="SQLite ledger file (created if missing)")
-    run.add_argument("--executor", choices=["simulate", "log"], default="simulate")
+    run.add_argument(
+        "--executor",
+        choices=["simulate", "log", "kubernetes"],
+        default="simulate",
+        help="kubernetes: policy/v1 evictions (needs --kubeconfig or --in-cluster)",
+    )
     run.add_argument("--instance", default=f"engine-{os.getpid()}", help="this engine's name")
     run.add_argument(
         "--no-election",
@@ -594,6 +619,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--snapshot-every", type=int, default=50_000, help="records between snapshots")
     run.add_argument("--stop-after", type=float, help="stop after this many seconds")
+    from .kubernetes.options import add_arguments as add_cluster_arguments
+
+    add_cluster_arguments(run)
     run.set_defaults(handler=cmd_run)
 
     audit = commands.add_parser(

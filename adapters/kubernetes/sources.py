@@ -67,7 +67,7 @@ COLLECTIONS: dict[str, tuple[Collection, ...]] = {
     ),
 }
 
-SOURCES = tuple(COLLECTIONS)
+SOURCES = tuple(COLLECTIONS)  # the same names as options.SOURCES
 _QUOTA_FIELDS = frozenset(QuotaUpserted.__struct_fields__) - {"name", "at"}
 
 
