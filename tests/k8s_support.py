@@ -95,6 +95,7 @@ class Rig:
     cluster: Cluster
     ledger: SqliteLedger
     kubeconfig: Path
+    ledger_path: Path
 
 
 @contextlib.asynccontextmanager
@@ -105,7 +106,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     cluster = await connect(str(kubeconfig), False)
     ledger = await SqliteLedger.open(tmp_path / "ledger.db")
     try:
-        yield Rig(server, cluster, ledger, kubeconfig)
+        yield Rig(server, cluster, ledger, kubeconfig, tmp_path / "ledger.db")
     finally:
         await cluster.close()
         await ledger.close()
