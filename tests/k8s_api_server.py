@@ -303,10 +303,12 @@ class ApiServer:
             verb = "patch"
         else:
             verb = "delete"
+        name = route.name
+        selector = request.query.get("fieldSelector", "")
+        if verb in ("list", "watch") and selector.startswith("metadata.name="):
+            name = selector.split("=", 1)[1]  # RBAC authorizes it by resourceNames
         self.calls.append(
-            ApiCall(
-                verb, route.group, route.resource, route.namespace, route.subresource, route.name
-            )
+            ApiCall(verb, route.group, route.resource, route.namespace, route.subresource, name)
         )
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
