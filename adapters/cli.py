@@ -460,6 +460,10 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.suite == "k8s":
+        from .kubernetes import bench as bench_k8s
+
+        return bench_k8s.main(args)
     if args.suite == "decide":
         from quotaledger.engine import bench_decide
 
@@ -702,14 +706,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure throughput and latency",
         description="Benchmarks on generated workloads; --json emits one JSON object.",
         epilog="examples:\n  quotaledger bench fold\n"
-        "  quotaledger bench fold --json --events 200000\n",
+        "  quotaledger bench fold --json --events 200000\n"
+        "  quotaledger bench k8s --pods 100000 --nodes 1000 --json\n",
         formatter_class=raw,
     )
     bench.add_argument(
         "suite",
-        choices=["fold", "decide"],
+        choices=["fold", "decide", "k8s"],
         help="fold: decode/fold/recompute/SQLite; decide: deadline-to-eviction latency"
-        " under background load, and simulate throughput",
+        " under background load, and simulate throughput; k8s: the cluster watcher's list"
+        " and churn against the stand-in API server",
+    )
+    bench.add_argument(
+        "--churn-rate", type=float, default=1000, help="k8s: pod updates/s (default 1000)"
+    )
+    bench.add_argument(
+        "--churn-seconds", type=float, default=20, help="k8s: churn duration (default 20)"
     )
     bench.add_argument(
         "--rate", type=int, default=10_000, help="decide: background events/s (default 10000)"
