@@ -318,3 +318,25 @@ async def test_bad_pod_is_refused_not_fatal(tmp_path: Path) -> None:
         assert json.loads(refusal.raw or "{}")["metadata"]["name"] == "bad"
         assert isinstance(es[2], PodUpserted) and es[2].uid == "ubad"
         assert not any(isinstance(e, NodeUpserted) for e in es)
+
+
+async def test_paged_list_with_changes_between_pages(tmp_path: Path) -> None:
+    """Lists come in pages of ``page_size`` from one snapshot; what changes meanwhile
+    arrives by the watch from the list's version."""
+    async with rig(tmp_path) as r:
+        for i in range(25):
+            r.server.put("pods", pod(f"p{i:02}", uid=f"u{i:02}"))
+        options = WatchOptions(watch_timeout_s=5, page_size=4)
+        async with running_watcher(r, options) as watcher:
+            r.server.delete("pods", "p00", "default")  # possibly while paging
+            r.server.put("pods", pod("p99", uid="u99"))
+            await settled(
+                r,
+                watcher,
+                lambda es: any(isinstance(e, PodUpserted) and e.uid == "u99" for e in es),
+            )
+            await settled(r, watcher, lambda es: True)
+        list_calls = [c for c in r.server.calls if c.resource == "pods" and c.verb == "list"]
+        assert len(list_calls) >= 7  # 25 pods, 4 per page
+        state = await fold(r.ledger)
+        assert sorted(state.pods) == sorted({f"u{i:02}" for i in range(1, 25)} | {"u99"})

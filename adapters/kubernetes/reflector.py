@@ -3,8 +3,9 @@
 A :class:`Reflector` keeps one collection in step with the API server the way client-go's
 reflector does:
 
-1. list (one request; the list's ``resourceVersion`` is the version to watch from) and hand
-   every object to ``on_list``, which replaces what the caller knew;
+1. list (in pages of 500, ``limit``/``continue``; the list's ``resourceVersion`` is the
+   version to watch from) and hand the pages to ``on_list``, which replaces what the caller
+   knew once it has read them all;
 2. watch from that version with bookmarks allowed, handing each ``ADDED``/``MODIFIED``/
    ``DELETED`` to ``on_event`` and remembering the version of every event and bookmark;
 3. when a watch ends (the server's timeout), watch again from the remembered version, so
@@ -21,7 +22,7 @@ import asyncio
 import json
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +33,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 log = logging.getLogger("quotaledger.kubernetes")
 
 ListCall = Callable[..., Awaitable[Any]]
-OnList = Callable[[list[dict[str, Any]]], Awaitable[None]]
+Pages = AsyncIterator[list[dict[str, Any]]]
+OnList = Callable[[Pages], Awaitable[None]]
 OnEvent = Callable[[str, dict[str, Any]], Awaitable[None]]
 
 
@@ -93,7 +95,8 @@ class Reflector:
     watch_timeout_s: int = 300
     backoff: Backoff = field(default_factory=Backoff)
     resource_version: str | None = None
-    lists: int = 0  # how many times it listed (1 + one per 410 / failed list)
+    lists: int = 0  # how many complete lists (1 + one per 410)
+    page_size: int = 500
     relist_hook: Callable[[], None] | None = None
 
     async def run(self, on_list: OnList, on_event: OnEvent) -> None:
@@ -119,20 +122,37 @@ class Reflector:
         await asyncio.sleep(delay)
 
     async def _list(self, on_list: OnList) -> None:
-        response = await self.list_call(**self.kwargs, _preload_content=False)
-        try:
-            if response.status >= 400:
-                raise ApiException(status=response.status, reason=response.reason)
-            body = json.loads(await response.read())
-        finally:
-            response.release()
+        """List in pages of ``page_size`` (as client-go's pager: bounded memory); ``on_list``
+        consumes the pages as they arrive. The version to watch from is the first page's."""
+        version: str | None = None
+
+        async def pages() -> Pages:
+            nonlocal version
+            token: str | None = None
+            while True:
+                kwargs = dict(self.kwargs, limit=self.page_size)
+                if token:
+                    kwargs["_continue"] = token
+                response = await self.list_call(**kwargs, _preload_content=False)
+                try:
+                    if response.status >= 400:
+                        raise ApiException(status=response.status, reason=response.reason)
+                    body = json.loads(await response.read())
+                finally:
+                    response.release()
+                meta = body.get("metadata") or {}
+                if version is None:
+                    version = meta.get("resourceVersion") or None
+                yield body.get("items") or []
+                token = meta.get("continue") or None
+                if token is None:
+                    return
+
+        await on_list(pages())
         self.lists += 1
-        items = body.get("items") or []
-        version = body.get("metadata", {}).get("resourceVersion")
-        await on_list(items)
-        self.resource_version = version or None
-        if self.resource_version is None:
+        if version is None:
             raise ApiException(status=500, reason="list without a resourceVersion")
+        self.resource_version = version
 
     async def _watch(self, on_event: OnEvent) -> None:
         stream = RawWatch()

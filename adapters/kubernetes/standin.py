@@ -12,7 +12,7 @@ with the real ``kubernetes_asyncio`` client over real sockets. What it does:
   ``BOOKMARK`` events when the client allowed them (``allowWatchBookmarks`` is accepted as
   ``true`` or ``True``, the way kubernetes-asyncio sends it), and ``410 Gone`` (an
   ``ERROR`` event, or a 410 answer) for a version older than the compaction point;
-* ``fieldSelector=metadata.name=N`` on list and watch;
+* ``fieldSelector=metadata.name=N`` on list and watch; ``limit``/``continue`` paging of lists;
 * pods' ``eviction`` subresource answers what the test scripted (201 deletes the pod);
 * Leases (and every object) are replaced only with the current ``resourceVersion``:
   otherwise ``409 Conflict``; create of an existing name is ``409 AlreadyExists``;
@@ -146,6 +146,8 @@ class ApiServer:
         self.watch_params: list[dict[str, str]] = []  # query of every watch request
         self.closing = False
         self._churn: asyncio.Task[None] | None = None
+        self._pages: dict[str, tuple[int, list[dict[str, Any]]]] = {}  # continue token -> rest
+        self._next_token = 0
         self.churned = 0
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -403,16 +405,35 @@ class ApiServer:
         return out
 
     def _list(self, request: web.Request, route: _Route) -> web.Response:
+        """A list, paged with ``limit``/``continue`` as the API server pages it: every page
+        of one list comes from the snapshot taken for its first page (one resourceVersion)."""
         if self.fail_lists > 0:
             self.fail_lists -= 1
             return _answer(500, "InternalError", "scripted list failure")
-        items = self._matching(route, request.query.get("fieldSelector"))
+        token = request.query.get("continue")
+        if token:
+            if token not in self._pages:
+                return _answer(410, "Expired", "the continue token has expired")
+            version, items = self._pages.pop(token)
+        else:
+            version = self.rv
+            items = [
+                copy.deepcopy(obj)
+                for obj in self._matching(route, request.query.get("fieldSelector"))
+            ]
+        limit = int(request.query.get("limit", "0") or 0)
+        meta: dict[str, Any] = {"resourceVersion": str(version)}
+        if limit and len(items) > limit:
+            items, rest = items[:limit], items[limit:]
+            self._next_token += 1
+            meta["continue"] = f"{version}-{self._next_token}"
+            self._pages[meta["continue"]] = (version, rest)
         kind = route.resource[:-1].capitalize() + "List"
         return web.json_response(
             {
                 "kind": kind,
                 "apiVersion": f"{route.group}/{route.version}" if route.group else "v1",
-                "metadata": {"resourceVersion": str(self.rv)},
+                "metadata": meta,
                 "items": items,
             }
         )

@@ -41,7 +41,7 @@ from quotaledger.events.model import (
 from quotaledger.projections.state import BUILTIN, ProjectedState, builtin_config
 
 from . import settings as settings_map
-from .reflector import Reflector
+from .reflector import Pages, Reflector
 from .sources import COLLECTIONS, Collection, translate_source
 from .translate import (
     DEFAULT_WEIGHT,
@@ -148,6 +148,7 @@ class WatchOptions:
     quota_source: str | None = "quotaledger"
     settings_configmap: tuple[str, str] = ("quotaledger", "quotaledger-settings")
     watch_timeout_s: int = 300
+    page_size: int = 500  # objects per list page (limit/continue)
 
 
 def _raw(obj: Any) -> str:
@@ -196,6 +197,8 @@ class ClusterWatcher:
         source = self.options.quota_source
         for collection in COLLECTIONS.get(source or "", ()):
             self.reflectors[f"quota:{collection.name}"] = self._collection_reflector(collection)
+        for reflector in self.reflectors.values():
+            reflector.page_size = self.options.page_size
 
     def _collection_reflector(self, collection: Collection) -> Reflector:
         timeout = self.options.watch_timeout_s
@@ -293,12 +296,13 @@ class ClusterWatcher:
             table[key] = event
             self._emit(payload)
 
-    async def _nodes_listed(self, items: list[dict[str, Any]]) -> None:
+    async def _nodes_listed(self, pages: Pages) -> None:
         seen = set()
-        for obj in items:
-            name = _name(obj)
-            seen.add(name)
-            self._upsert(self.baseline.nodes, name, "node", "NodeUpserted", obj, node_fact)
+        async for page in pages:
+            for obj in page:
+                name = _name(obj)
+                seen.add(name)
+                self._upsert(self.baseline.nodes, name, "node", "NodeUpserted", obj, node_fact)
         for name in sorted(set(self.baseline.nodes) - seen):
             del self.baseline.nodes[name]
             self._emit_event(NodeRemoved(name=name))
@@ -315,12 +319,13 @@ class ClusterWatcher:
     def _pod_fact(self, obj: Any) -> dict[str, Any]:
         return pod_fact(obj, self.options.quota_source)
 
-    async def _pods_listed(self, items: list[dict[str, Any]]) -> None:
+    async def _pods_listed(self, pages: Pages) -> None:
         seen = set()
-        for obj in items:
-            uid = _uid(obj)
-            seen.add(uid)
-            self._upsert(self.baseline.pods, uid, "pod", "PodUpserted", obj, self._pod_fact)
+        async for page in pages:
+            for obj in page:
+                uid = _uid(obj)
+                seen.add(uid)
+                self._upsert(self.baseline.pods, uid, "pod", "PodUpserted", obj, self._pod_fact)
         for uid in sorted(set(self.baseline.pods) - seen):
             del self.baseline.pods[uid]
             self._emit_event(PodRemoved(uid=uid))
@@ -350,9 +355,10 @@ class ClusterWatcher:
             payload, _ = fact_payload(namespace_fact(name, weight))
             self._emit(payload)
 
-    async def _namespaces_listed(self, items: list[dict[str, Any]]) -> None:
-        for obj in items:
-            self._weigh(obj)
+    async def _namespaces_listed(self, pages: Pages) -> None:
+        async for page in pages:
+            for obj in page:
+                self._weigh(obj)
 
     async def _namespace_event(self, kind: str, obj: dict[str, Any]) -> None:
         if kind != "DELETED":
@@ -381,10 +387,11 @@ class ClusterWatcher:
             self.baseline.settings.update(changed)
             self._emit(msgspec.json.encode({"kind": "SettingsChanged", **changed}))
 
-    async def _settings_listed(self, items: list[dict[str, Any]]) -> None:
+    async def _settings_listed(self, pages: Pages) -> None:
         # An absent ConfigMap has no opinion: the settings in force stay (DECISIONS 102).
-        for obj in items:
-            self._apply_settings(obj)
+        async for page in pages:
+            for obj in page:
+                self._apply_settings(obj)
 
     async def _settings_event(self, kind: str, obj: dict[str, Any]) -> None:
         if kind != "DELETED":
@@ -395,15 +402,18 @@ class ClusterWatcher:
     def _source_handlers(
         self, key: str
     ) -> tuple[
-        Callable[[list[dict[str, Any]]], Awaitable[None]],
+        Callable[[Pages], Awaitable[None]],
         Callable[[str, dict[str, Any]], Awaitable[None]],
     ]:
         source = self.options.quota_source
         assert source is not None
         collection = next(c for c in COLLECTIONS[source] if f"quota:{c.name}" == key)
 
-        async def listed(items: list[dict[str, Any]]) -> None:
-            self._source_objects[collection] = {_key(obj): obj for obj in items}
+        async def listed(pages: Pages) -> None:
+            objects: dict[tuple[str, str], dict[str, Any]] = {}
+            async for page in pages:
+                objects.update((_key(obj), obj) for obj in page)
+            self._source_objects[collection] = objects
             self._source_listed.add(collection)
             self._translate_quotas()
 
