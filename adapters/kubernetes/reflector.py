@@ -19,6 +19,7 @@ resources have none). Uses ``kubernetes_asyncio``'s API methods and its ``watch.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -126,27 +127,37 @@ class Reflector:
         consumes the pages as they arrive. The version to watch from is the first page's."""
         version: str | None = None
 
+        async def fetch(token: str | None) -> dict[str, Any]:
+            kwargs = dict(self.kwargs, limit=self.page_size)
+            if token:
+                kwargs["_continue"] = token
+            response = await self.list_call(**kwargs, _preload_content=False)
+            try:
+                if response.status >= 400:
+                    raise ApiException(status=response.status, reason=response.reason)
+                body: dict[str, Any] = json.loads(await response.read())
+            finally:
+                response.release()
+            return body
+
         async def pages() -> Pages:
+            """The pages in order; the next one is fetched while the caller handles this one."""
             nonlocal version
-            token: str | None = None
-            while True:
-                kwargs = dict(self.kwargs, limit=self.page_size)
-                if token:
-                    kwargs["_continue"] = token
-                response = await self.list_call(**kwargs, _preload_content=False)
-                try:
-                    if response.status >= 400:
-                        raise ApiException(status=response.status, reason=response.reason)
-                    body = json.loads(await response.read())
-                finally:
-                    response.release()
-                meta = body.get("metadata") or {}
-                if version is None:
-                    version = meta.get("resourceVersion") or None
-                yield body.get("items") or []
-                token = meta.get("continue") or None
-                if token is None:
-                    return
+            upcoming: asyncio.Task[dict[str, Any]] | None = asyncio.ensure_future(fetch(None))
+            try:
+                while upcoming is not None:
+                    body = await upcoming
+                    meta = body.get("metadata") or {}
+                    if version is None:
+                        version = meta.get("resourceVersion") or None
+                    token = meta.get("continue") or None
+                    upcoming = asyncio.ensure_future(fetch(token)) if token else None
+                    yield body.get("items") or []
+            finally:
+                if upcoming is not None:
+                    upcoming.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, *NETWORK_ERRORS, ApiException):
+                        await upcoming
 
         await on_list(pages())
         self.lists += 1

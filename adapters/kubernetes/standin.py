@@ -242,7 +242,8 @@ class ApiServer:
         return True
 
     def get(self, resource: str, name: str, namespace: str = "", group: str = "") -> Any:
-        return self.store(group, resource).get((namespace, name))
+        """A copy of one object (None when absent)."""
+        return copy.deepcopy(self.store(group, resource).get((namespace, name)))
 
     def items(self, resource: str, group: str = "") -> list[dict[str, Any]]:
         return list(self.store(group, resource).values())
