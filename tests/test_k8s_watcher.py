@@ -340,3 +340,24 @@ async def test_paged_list_with_changes_between_pages(tmp_path: Path) -> None:
         assert len(list_calls) >= 7  # 25 pods, 4 per page
         state = await fold(r.ledger)
         assert sorted(state.pods) == sorted({f"u{i:02}" for i in range(1, 25)} | {"u99"})
+
+
+async def test_standin_410_as_kubernetes_asyncio_watch_forever_sees_it(tmp_path: Path) -> None:
+    """The stand-in's 410 against the client's own watch-forever mode: it retries once with
+    the same too-old version, then raises 410 (the reflector uses server timeouts instead)."""
+    import pytest
+    from kubernetes_asyncio import watch
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    async with rig(tmp_path) as r:
+        r.server.put("nodes", node("n1"))
+        r.server.put("nodes", node("n2"))
+        r.server.compact(expire_watches=False)
+        stream = watch.Watch()
+        with pytest.raises(ApiException) as caught:
+            async for _ in stream.stream(r.cluster.core.list_node, resource_version="1"):
+                pass
+        await stream.close()
+        assert caught.value.status == 410
+        tries = [q for q in r.server.watch_params if q.get("resourceVersion") == "1"]
+        assert len(tries) == 2

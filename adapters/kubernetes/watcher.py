@@ -226,6 +226,12 @@ class ClusterWatcher:
 
     async def run(self) -> None:
         """Until cancelled; raises :class:`NotLeader` when the sink refuses."""
+        try:
+            await self._run()
+        except* NotLeader as group:
+            raise NotLeader(str(group.exceptions[0])) from None
+
+    async def _run(self) -> None:
         async with asyncio.TaskGroup() as group:
             group.create_task(self._writer())
             handlers: dict[str, tuple[Any, Any]] = {
