@@ -8,6 +8,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from quotaledger.adapters.kubernetes.watcher import Baseline, WatchOptions
 from quotaledger.events.codec import decode_event
 from quotaledger.events.model import (
@@ -345,7 +347,6 @@ async def test_paged_list_with_changes_between_pages(tmp_path: Path) -> None:
 async def test_standin_410_as_kubernetes_asyncio_watch_forever_sees_it(tmp_path: Path) -> None:
     """The stand-in's 410 against the client's own watch-forever mode: it retries once with
     the same too-old version, then raises 410 (the reflector uses server timeouts instead)."""
-    import pytest
     from kubernetes_asyncio import watch
     from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -361,3 +362,47 @@ async def test_standin_410_as_kubernetes_asyncio_watch_forever_sees_it(tmp_path:
         assert caught.value.status == 410
         tries = [q for q in r.server.watch_params if q.get("resourceVersion") == "1"]
         assert len(tries) == 2
+
+
+PEER_FILES = {
+    "koordinator": ("proposal-multi-hierarchy.yaml", "scheduling.sigs.k8s.io", "elasticquotas"),
+    "volcano": ("hierarchical-jobs-queues.yaml", "scheduling.volcano.sh", "queues"),
+    "kueue": ("cohort-tree.yaml", "kueue.x-k8s.io", None),
+}
+
+
+@pytest.mark.parametrize("peer", sorted(PEER_FILES))
+async def test_live_source_appends_what_import_translates(tmp_path: Path, peer: str) -> None:
+    """The real sample files of each peer, served as live objects: the watcher appends the
+    same QuotaUpserted facts as `import` of the file (one code path, IMPORT.md)."""
+    import yaml
+
+    from quotaledger.adapters.importers import SourceDocument, translate
+    from quotaledger.events.codec import decode_event as decode
+
+    name, group, plural = PEER_FILES[peer]
+    path = Path(__file__).parent / "data" / "import" / peer / name
+    documents = [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
+    expected = {
+        fact["name"]: decode(json.dumps(fact))
+        for fact in translate(peer, [SourceDocument(name, d) for d in documents]).facts
+        if fact["kind"] == "QuotaUpserted"
+    }
+    assert expected
+    async with rig(tmp_path) as r:
+        for document in documents:
+            kind = document.get("kind", "")
+            resource = plural or {"ClusterQueue": "clusterqueues", "Cohort": "cohorts"}.get(kind)
+            if resource is None:
+                continue
+            document.get("metadata", {}).setdefault("name", "unnamed")
+            r.server.put(resource, document, group=group)
+        options = WatchOptions(quota_source=peer, watch_timeout_s=5)
+        async with running_watcher(r, options) as watcher:
+            await settled(
+                r,
+                watcher,
+                lambda es: len([e for e in es if isinstance(e, QuotaUpserted)]) >= len(expected),
+            )
+        got = {e.name: e for e in await events(r) if isinstance(e, QuotaUpserted)}
+        assert got == expected
