@@ -89,3 +89,9 @@ async def test_watcher_stops_with_not_leader_when_the_sink_refuses(tmp_path: Pat
         with pytest.raises(NotLeader):
             await asyncio.wait_for(watcher.run(), 10)
         assert len(await records(r.ledger)) == 1  # only LedgerOpened
+
+
+def test_option_sources_match_the_adapter() -> None:
+    from quotaledger.adapters.kubernetes import options, sources
+
+    assert options.SOURCES == sources.SOURCES
