@@ -515,6 +515,19 @@ async def _run_engine(args: argparse.Namespace) -> None:
         loop.add_signal_handler(signum, stop.set)
     if args.stop_after is not None:
         loop.call_later(args.stop_after, stop.set)
+    from .kubernetes.options import on_cluster
+
+    if on_cluster(args):
+        from .kubernetes.client import ClusterConfigError
+        from .kubernetes.cluster import run_on_cluster
+
+        try:
+            await run_on_cluster(args, ledger, stop)
+        except ClusterConfigError as exc:
+            raise UserError(str(exc)) from None
+        finally:
+            await ledger.close()
+        return
     executor = SimulateExecutor() if args.executor == "simulate" else LogExecutor()
     engine = LiveEngine(
         ledger,
@@ -543,6 +556,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     import logging
 
     _writable_ledger(Path(args.ledger))
+    from .kubernetes.options import check_arguments
+
+    problem = check_arguments(args)
+    if problem is not None:
+        raise UserError(problem)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     asyncio.run(_run_engine(args))
     return 0
@@ -758,6 +776,10 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.suite == "k8s":
+        from .kubernetes import bench as bench_k8s
+
+        return bench_k8s.main(args)
     if args.suite == "decide":
         from . import bench_decide
 
@@ -1001,16 +1023,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="Follow the ledger, run the reconcilers on the wall clock and drive"
         " evictions, until SIGTERM/SIGINT (which drain and exit cleanly).",
         epilog="examples:\n  quotaledger run ledger.db\n"
-        "  quotaledger run ledger.db --executor log --instance eng-1\n",
+        "  quotaledger run ledger.db --executor log --instance eng-1\n"
+        "  quotaledger run ledger.db --kubeconfig ~/.kube/config --executor log   # shadow mode\n"
+        "  quotaledger run /data/ledger.db --in-cluster --executor kubernetes\n",
         formatter_class=raw,
     )
     run.add_argument("ledger", help="SQLite ledger file (created if missing)")
     run.add_argument(
         "--executor",
-        choices=["simulate", "log"],
+        choices=["simulate", "log", "kubernetes"],
         default="simulate",
         help="simulate: each eviction succeeds at once and the pod is removed; log: dry run,"
-        " evictions are logged and recorded as failed (default: simulate)",
+        " evictions are logged and recorded as failed; kubernetes: policy/v1 evictions (needs"
+        " --kubeconfig or --in-cluster) (default: simulate)",
     )
     run.add_argument("--instance", default=f"engine-{os.getpid()}", help="this engine's name")
     run.add_argument(
@@ -1038,6 +1063,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_seconds,
         help="stop (and drain) after this many seconds (default: run until SIGTERM/SIGINT)",
     )
+    from .kubernetes.options import add_arguments as add_cluster_arguments
+
+    add_cluster_arguments(run)
     run.set_defaults(handler=cmd_run)
 
     audit = commands.add_parser(
@@ -1143,14 +1171,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure throughput and latency",
         description="Benchmarks on generated workloads; --json emits one JSON object.",
         epilog="examples:\n  quotaledger bench fold\n"
-        "  quotaledger bench fold --json --events 200000\n",
+        "  quotaledger bench fold --json --events 200000\n"
+        "  quotaledger bench k8s --pods 100000 --nodes 1000 --json\n",
         formatter_class=raw,
     )
     bench.add_argument(
         "suite",
-        choices=["fold", "decide"],
+        choices=["fold", "decide", "k8s"],
         help="fold: decode/fold/recompute/SQLite; decide: deadline-to-eviction latency"
-        " under background load, and simulate throughput",
+        " under background load, and simulate throughput; k8s: the cluster watcher's list"
+        " and churn against the stand-in API server",
+    )
+    bench.add_argument(
+        "--churn-rate", type=float, default=1000, help="k8s: pod updates/s (default 1000)"
+    )
+    bench.add_argument(
+        "--churn-seconds", type=float, default=20, help="k8s: churn duration (default 20)"
     )
     bench.add_argument(
         "--rate",

@@ -42,6 +42,13 @@ class PersistedField:
     stored_type: Any
     stored: Callable[[Any], Any]  # state value -> stored form
     restored: Callable[[Any], Any]  # decoded stored form -> state value
+    hash_keys_only: bool = False
+
+    def hash_form(self, value: Any) -> Any:
+        """What the state hash covers of the field's value."""
+        if self.hash_keys_only:
+            return sorted(value)
+        return self.stored(value)
 
 
 def _sorted_list(value: set[Any]) -> list[Any]:
@@ -72,7 +79,9 @@ def _describe(name: str, hint: Any, marker: Persisted) -> PersistedField:
     if origin is dict and args[1] is QuotaNode:
         return PersistedField(name, marker.hashed, dict[str, QuotaUpserted], _configs, _nodes)
     if origin is dict:
-        return PersistedField(name, marker.hashed, hint, _sorted_dict, dict)
+        return PersistedField(
+            name, marker.hashed, hint, _sorted_dict, dict, hash_keys_only=marker.hash_keys_only
+        )
     return PersistedField(name, marker.hashed, hint, _same, _same)
 
 
@@ -102,7 +111,7 @@ def stored(state: ProjectedState) -> msgspec.Struct:
 
 def hashed(state: ProjectedState) -> dict[str, Any]:
     """The stored form of every hashed field, by name."""
-    return {item.name: item.stored(getattr(state, item.name)) for item in FIELDS if item.hashed}
+    return {item.name: item.hash_form(getattr(state, item.name)) for item in FIELDS if item.hashed}
 
 
 def restore_fields(state: ProjectedState, body: msgspec.Struct) -> None:

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -30,7 +29,6 @@ from quotaledger.events.digest import GENESIS, DigestChain, LedgerGap
 from quotaledger.events.ledger import Append, Record
 from quotaledger.events.model import LedgerDigest
 from quotaledger.projections import Projection, state_hash, state_json
-from quotaledger.projections.snapshot import SnapshotBody
 
 REPO = Path(__file__).resolve().parent.parent
 KOORDINATOR = REPO / "examples" / "koordinator.jsonl"
@@ -50,6 +48,15 @@ def replay_json(capsys: pytest.CaptureFixture[str], path: Path, *extra: str) -> 
     assert code == 0, err
     document: dict[str, Any] = json.loads(out)
     return document
+
+
+def _with_one_pod_changed(blob: bytes) -> bytes:
+    """The snapshot blob, still well-formed, with its first pod's cpu request changed."""
+    body = json.loads(blob)
+    pods = body["state"]["pods"]
+    first = sorted(pods)[0]
+    pods[first]["requests"] = {**pods[first]["requests"], "cpu": 123_000}
+    return json.dumps(body, sort_keys=True).encode()
 
 
 def rows(path: Path) -> list[tuple[int, int, bytes]]:
@@ -242,11 +249,9 @@ def test_flipped_bytes_in_the_snapshot_blob(
 def test_a_snapshot_rewritten_with_other_numbers(
     capsys: pytest.CaptureFixture[str], snapshotted: Path
 ) -> None:
-    """Valid MessagePack, one pod's cpu changed: before, replay printed a wrong hash."""
+    """A well-formed snapshot, one pod's cpu changed: before, replay printed a wrong hash."""
     offset, blob = snapshot_blob(snapshotted)
-    body = msgspec.msgpack.decode(blob, type=SnapshotBody)
-    body.pods[0].requests = {**body.pods[0].requests, "cpu": 123_000}
-    set_blob(snapshotted, msgspec.msgpack.encode(body))
+    set_blob(snapshotted, _with_one_pod_changed(blob))
     _fallback(capsys, snapshotted, offset, "its state hashes to")
 
 
@@ -254,11 +259,9 @@ def test_a_snapshot_forged_with_its_hash_is_caught_by_the_ledger_digest(
     capsys: pytest.CaptureFixture[str], snapshotted: Path
 ) -> None:
     offset, blob = snapshot_blob(snapshotted)
-    body = msgspec.msgpack.decode(blob, type=SnapshotBody)
-    body.pods[0].requests = {**body.pods[0].requests, "cpu": 123_000}
     from quotaledger.projections.snapshot import load
 
-    forged = msgspec.msgpack.encode(body)
+    forged = _with_one_pod_changed(blob)
     set_blob(snapshotted, forged, state_hash=state_hash(load(forged)))
     _fallback(capsys, snapshotted, offset, "LedgerDigest at offset")
 

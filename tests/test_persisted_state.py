@@ -241,8 +241,12 @@ def _changed(name: str, value: Any) -> Any:
         return {**value, "x": run}
     if name == "evictions":
         return {"x": None, **value}
+    if isinstance(value, bool):
+        return not value
     if isinstance(value, int):
         return value + 1
+    if isinstance(value, str):
+        return value + "-other"
     if isinstance(value, set):
         return {*value, "extra"}
     if isinstance(value, dict):

@@ -1,0 +1,147 @@
+"""``run`` on a cluster: Lease election, then engine + watcher while holding (DESIGN §12).
+
+Every replica waits for the Lease. The holder runs the live engine (which appends its
+``LeaderElected``) and, once the engine has caught up with the ledger and its election
+record is folded, the cluster watcher, seeded with the state the ledger holds so that only
+changes are appended. When the Lease is lost (no renew within ``--renew-deadline``) both are
+stopped before any other replica can take the Lease, and the replica waits again. SIGTERM
+stops everything and releases the Lease.
+
+The command-line options are in :mod:`.options` (no client import, so ``--help`` stays fast).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+from typing import Any
+
+from quotaledger.engine.live import (  # type: ignore[import-untyped,unused-ignore]
+    Executor,
+    LiveEngine,
+    LogExecutor,
+    SimulateExecutor,
+)
+from quotaledger.events.ledger import Ledger
+
+from .client import Cluster, connect
+from .executor import KubernetesExecutor
+from .lease import LeaseElector
+from .watcher import Baseline, ClusterWatcher, LedgerSink, NotLeader, WatchOptions
+
+log = logging.getLogger("quotaledger.kubernetes")
+
+
+def _executor(args: argparse.Namespace, cluster: Cluster, ledger: Ledger) -> Executor:
+    if args.executor == "kubernetes":
+        return KubernetesExecutor(cluster.core, ledger, retry_for_s=args.eviction_retry_for)
+    if args.executor == "log":
+        return LogExecutor()
+    return SimulateExecutor()
+
+
+async def run_on_cluster(args: argparse.Namespace, ledger: Ledger, stop: asyncio.Event) -> None:
+    """Until ``stop``: wait for the Lease, lead while holding it, repeat."""
+    cluster = await connect(args.kubeconfig, args.in_cluster)
+    elector = LeaseElector(
+        cluster.coordination,
+        cluster.namespace,
+        args.lease_name,
+        args.instance,
+        args.lease_duration,
+        args.renew_deadline,
+        args.retry_period,
+    )
+    _say(f"engine {args.instance} waiting for lease {cluster.namespace}/{args.lease_name}")
+    try:
+        while not stop.is_set():
+            if not await _first(elector.acquire(), stop):
+                break
+            await _lead(args, cluster, ledger, elector, stop)
+            if not stop.is_set():
+                _say(f"engine {args.instance} lost the lease; following")
+    finally:
+        await elector.release()
+        await cluster.close()
+
+
+async def _first(work: Any, stop: asyncio.Event) -> bool:
+    """Run ``work`` until it ends (True) or ``stop`` is set first (False)."""
+    task = asyncio.ensure_future(work)
+    stopper = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    stopper.cancel()
+    if task.done():
+        task.result()
+        return True
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return False
+
+
+async def _lead(
+    args: argparse.Namespace,
+    cluster: Cluster,
+    ledger: Ledger,
+    elector: LeaseElector,
+    stop: asyncio.Event,
+) -> None:
+    """One term: the engine and the watcher, until the Lease is lost or ``stop``."""
+    engine = LiveEngine(
+        ledger,
+        _executor(args, cluster, ledger),
+        instance=args.instance,
+        election=True,
+        snapshot_every=args.snapshot_every,
+    )
+    term_over = asyncio.Event()
+    namespace, name = args.settings_configmap.split("/")
+    options = WatchOptions(args.quota_source, (namespace, name), args.watch_timeout)
+    watcher_task: asyncio.Task[None] | None = None
+
+    async def ready() -> None:
+        nonlocal watcher_task
+        if not elector.holding():
+            term_over.set()
+            return
+        watcher = ClusterWatcher(
+            cluster.core,
+            cluster.custom,
+            LedgerSink(ledger, elector.holding),
+            options,
+            Baseline.of(engine.state),
+        )
+        watcher_task = asyncio.create_task(watcher.run())
+        watcher_task.add_done_callback(lambda _: term_over.set())
+        _say(
+            f"engine {args.instance} leading (epoch {engine.state.leader_epoch})"
+            f" at offset {engine.state.offset}"
+        )
+
+    async def guard() -> None:
+        await _first(elector.keep(), stop)
+        term_over.set()
+
+    guard_task = asyncio.create_task(guard())
+    engine_task = asyncio.create_task(engine.run(term_over, ready))
+    try:
+        await term_over.wait()
+    finally:
+        term_over.set()
+        if watcher_task is not None:
+            watcher_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, NotLeader):
+                await watcher_task
+        with contextlib.suppress(asyncio.CancelledError):
+            await engine_task
+        guard_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await guard_task
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)

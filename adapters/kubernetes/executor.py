@@ -1,0 +1,166 @@
+"""Executor ``kubernetes``: the policy/v1 Eviction subresource (DESIGN §6, §12).
+
+For one accepted eviction:
+
+* the pod is already gone from the projected state, or its eviction already has an outcome
+  (a restart, a failover): nothing is sent again;
+* ``201``: the API server accepted; success is the pod's deletion or terminal phase, which
+  the watcher appends and the projection counts (DESIGN §6). The executor waits for it and
+  appends nothing itself;
+* ``404``: the pod is already gone: ``EvictionSucceeded``; ``409`` on the uid precondition:
+  the pod of that uid is gone (a new pod took its name): ``EvictionSucceeded``;
+* ``429`` (a PodDisruptionBudget) and ``5xx`` and network errors: retried with exponential
+  backoff, or after ``Retry-After`` when the server gives it, until ``retry_for_s`` after the
+  ``EvictionRequested`` record's ts (so a restart or failover never extends it); then
+  ``EvictionFailed`` with the server's message;
+* ``403`` and every other answer: ``EvictionFailed`` at once, with the server's message.
+
+Idempotent by ``eviction_id``: the engine drives an eviction once per process, and the
+state check above keeps a restarted engine from evicting a pod that is already gone. The
+eviction carries the pod's uid as a precondition, so a replacement pod of the same name is
+never evicted by mistake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from quotaledger.events.ledger import Ledger
+from quotaledger.events.model import Event, EvictionFailed, EvictionSucceeded
+from quotaledger.projections.state import ACTIVE_PHASES, EvictionRun, ProjectedState
+
+from .reflector import Backoff
+
+log = logging.getLogger("quotaledger.kubernetes")
+
+
+def wall_clock_s() -> float:
+    return time.time()
+
+
+def server_message(exc: ApiException) -> str:
+    """The ``message`` of a Kubernetes Status body, else the HTTP reason."""
+    try:
+        body = json.loads(exc.body) if exc.body else {}
+    except (TypeError, ValueError):
+        body = {}
+    message = body.get("message") if isinstance(body, dict) else None
+    return f"{exc.status} {message or exc.reason}"
+
+
+def retry_after_s(exc: ApiException) -> float | None:
+    headers: Any = exc.headers or {}
+    value = headers.get("Retry-After") if hasattr(headers, "get") else None
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+@dataclass
+class KubernetesExecutor:
+    """See the module docstring. ``core`` is a kubernetes_asyncio ``CoreV1Api``."""
+
+    core: Any
+    ledger: Ledger
+    retry_for_s: float = 300.0
+    poll_s: float = 0.1
+    clock_s: Callable[[], float] = wall_clock_s
+    backoff_first_s: float = 0.5
+    backoff_cap_s: float = 30.0
+    _requested_ts: dict[str, int] = field(default_factory=dict)
+
+    async def evict(self, eviction: EvictionRun, state: ProjectedState) -> list[Event]:
+        run = state.evictions.get(eviction.eviction_id)
+        if run is None or run.outcome is not None:
+            return []
+        pod = state.pods.get(eviction.pod_uid)
+        if pod is None or pod.phase not in ACTIVE_PHASES:
+            return [EvictionSucceeded(eviction_id=eviction.eviction_id)]
+        deadline = await self._deadline(eviction)
+        body = client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=pod.name, namespace=pod.namespace),
+            delete_options=client.V1DeleteOptions(
+                preconditions=client.V1Preconditions(uid=eviction.pod_uid)
+            ),
+        )
+        backoff = Backoff(self.backoff_first_s, self.backoff_cap_s)
+        while True:
+            try:
+                await self.core.create_namespaced_pod_eviction(pod.name, pod.namespace, body)
+            except ApiException as exc:
+                status = exc.status or 0
+                message = server_message(exc)
+                if status == 404:
+                    return [EvictionSucceeded(eviction_id=eviction.eviction_id)]
+                if status == 409:
+                    return [EvictionSucceeded(eviction_id=eviction.eviction_id)]
+                if status != 429 and status < 500:
+                    return [EvictionFailed(eviction_id=eviction.eviction_id, error=message)]
+                delay = retry_after_s(exc)
+                failed = await self._wait_to_retry(delay, backoff, deadline, message)
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                failed = await self._wait_to_retry(None, backoff, deadline, f"network: {exc}")
+            else:
+                return await self._await_removal(eviction, state, deadline)
+            if failed is not None:
+                return [EvictionFailed(eviction_id=eviction.eviction_id, error=failed)]
+            if self._settled(eviction, state):
+                return []
+
+    @staticmethod
+    def _settled(eviction: EvictionRun, state: ProjectedState) -> bool:
+        run = state.evictions.get(eviction.eviction_id)
+        if run is None or run.outcome is not None:
+            return True
+        pod = state.pods.get(eviction.pod_uid)
+        return pod is None or pod.phase not in ACTIVE_PHASES
+
+    async def _deadline(self, eviction: EvictionRun) -> float:
+        """``retry_for_s`` after the ``EvictionRequested`` record's ts (seconds)."""
+        ts = self._requested_ts.get(eviction.eviction_id)
+        if ts is None:
+            ts = 0
+            async for batch in self.ledger.read(eviction.requested_offset):
+                ts = batch[0].ts
+                break
+            self._requested_ts[eviction.eviction_id] = ts
+        return ts / 1000 + self.retry_for_s
+
+    async def _wait_to_retry(
+        self, delay: float | None, backoff: Backoff, deadline: float, message: str
+    ) -> str | None:
+        """Sleep before the next try; the error to record when the deadline comes first."""
+        wait = delay if delay is not None else backoff.delay()
+        now = self.clock_s()
+        if now + wait > deadline:
+            return f"{message} (retried for {self.retry_for_s:g} s)"
+        log.info("eviction refused (%s); retrying in %.1f s", message, wait)
+        await asyncio.sleep(wait)
+        return None
+
+    async def _await_removal(
+        self, eviction: EvictionRun, state: ProjectedState, deadline: float
+    ) -> list[Event]:
+        """After 201: the watcher's PodRemoved/terminal phase settles it (DESIGN §12)."""
+        while not self._settled(eviction, state):
+            if self.clock_s() > deadline:
+                return [
+                    EvictionFailed(
+                        eviction_id=eviction.eviction_id,
+                        error="evicted (201) but the pod was not seen removed within"
+                        f" {self.retry_for_s:g} s",
+                    )
+                ]
+            await asyncio.sleep(self.poll_s)
+        return []

@@ -1,0 +1,150 @@
+"""deploy/kubernetes/ grants exactly what the code uses (DESIGN §12): every API call that
+``run --kubeconfig --executor kubernetes`` makes against the stand-in API server is allowed by
+the shipped ClusterRole/Role, and every granted (group, resource, verb) is used."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from quotaledger.adapters.cli import build_parser
+from quotaledger.adapters.kubernetes.cluster import run_on_cluster
+from quotaledger.adapters.kubernetes.watcher import WatchOptions
+from quotaledger.events.codec import decode_event
+from quotaledger.events.model import PreemptionFinished
+
+from .k8s_api_server import ApiCall
+from .k8s_support import eventually, records, rig, running_watcher
+from .test_k8s_replicas import seed
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
+
+
+def rules(*files: str) -> list[tuple[str | None, dict[str, Any]]]:
+    """(namespace or None for a ClusterRole, rule) of every role in the files."""
+    out = []
+    for name in files:
+        for doc in yaml.safe_load_all((DEPLOY / name).read_text()):
+            if doc["kind"] == "ClusterRole":
+                out += [(None, rule) for rule in doc["rules"]]
+            elif doc["kind"] == "Role":
+                out += [(doc["metadata"]["namespace"], rule) for rule in doc["rules"]]
+    return out
+
+
+def allows(namespace: str | None, rule: dict[str, Any], call: ApiCall) -> bool:
+    resource = f"{call.resource}/{call.subresource}" if call.subresource else call.resource
+    if namespace is not None and call.namespace != namespace:
+        return False
+    names = rule.get("resourceNames")
+    return (
+        call.group in rule["apiGroups"]
+        and resource in rule["resources"]
+        and call.verb in rule["verbs"]
+        and (not names or call.name in names)
+    )
+
+
+def check(calls: list[ApiCall], granted: list[tuple[str | None, dict[str, Any]]]) -> None:
+    refused = sorted({c for c in calls if not any(allows(ns, r, c) for ns, r in granted)}, key=str)
+    assert refused == [], f"calls the manifests do not allow: {refused}"
+    for ns, rule in granted:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    used = any(
+                        allows(ns, rule, c)
+                        and c.group == group
+                        and c.verb == verb
+                        and resource
+                        == (f"{c.resource}/{c.subresource}" if c.subresource else c.resource)
+                        for c in calls
+                    )
+                    assert used, f"granted but never used: {verb} {group}/{resource} ({ns})"
+
+
+async def test_run_on_a_cluster_uses_exactly_the_shipped_rbac(tmp_path: Path) -> None:
+    async with rig(tmp_path) as r:
+        await seed(r)
+        r.server.calls.clear()
+        args = build_parser().parse_args(
+            [
+                "run", str(r.ledger_path), "--kubeconfig", str(r.kubeconfig), "--instance", "rbac",
+                "--executor", "kubernetes", "--lease-duration", "1", "--renew-deadline", "0.6",
+                "--retry-period", "0.2", "--watch-timeout", "1",
+            ]
+        )  # fmt: skip
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_on_cluster(args, r.ledger, stop))
+
+        async def done() -> bool:
+            return any(
+                isinstance(decode_event(rec.payload), PreemptionFinished)
+                for rec in await records(r.ledger)
+            )
+
+        try:
+            await eventually(done, what="evictions done")
+            r.server.compact()  # the watcher re-lists
+            await asyncio.sleep(1.5)  # watches time out (1 s) and resume
+        finally:
+            stop.set()
+            await task
+        verbs = {(c.verb, c.resource) for c in r.server.calls}
+        assert {("create", "pods"), ("update", "leases"), ("get", "leases")} <= verbs
+        check(r.server.calls, rules("rbac.yaml"))
+
+
+@pytest.mark.parametrize("source", ["koordinator", "kueue", "volcano", "yunikorn"])
+async def test_quota_sources_need_only_their_extra_rules(tmp_path: Path, source: str) -> None:
+    async with rig(tmp_path) as r:
+        options = WatchOptions(quota_source=source, watch_timeout_s=1)
+        async with running_watcher(r, options) as watcher:
+            await eventually(lambda: _watching(watcher))
+            await asyncio.sleep(1.2)
+        base = [
+            (ns, rule)
+            for ns, rule in rules("rbac.yaml")
+            if "pods/eviction" not in rule["resources"]
+            and "leases" not in rule["resources"]
+            and "quotas" not in rule["resources"]
+        ]
+        check(r.server.calls, base + rules(f"sources/{source}.yaml"))
+
+
+async def _watching(watcher: Any) -> bool:
+    return all(reflector.resource_version for reflector in watcher.reflectors.values())
+
+
+def test_manifests_deployment_service_and_crd() -> None:
+    docs = {
+        (doc["kind"], doc["metadata"]["name"]): doc
+        for path in sorted(DEPLOY.glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc.get("kind") != "Kustomization"
+    }
+    deployment = docs[("Deployment", "quotaledger")]
+    assert deployment["spec"]["replicas"] == 2
+    pod_spec = deployment["spec"]["template"]["spec"]
+    assert pod_spec["serviceAccountName"] == "quotaledger"
+    container = pod_spec["containers"][0]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert "--in-cluster" in container["args"] and "--executor=log" in container["args"]
+    assert ("Service", "quotaledger") in docs and ("Namespace", "quotaledger") in docs
+    crd = docs[("CustomResourceDefinition", "quotas.quotaledger.io")]
+    assert crd["spec"]["scope"] == "Cluster" and crd["spec"]["names"]["kind"] == "Quota"
+    version = crd["spec"]["versions"][0]
+    assert version["name"] == "v1alpha1"
+    fields = set(version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"])
+    from quotaledger.events.model import QuotaUpserted
+
+    assert fields == set(QuotaUpserted.__struct_fields__) - {"name", "at"}
+    kustomized = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"]
+    assert sorted(kustomized) == sorted(
+        p.name for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml"
+    )
