@@ -23,12 +23,13 @@ import msgspec
 from quotaledger.engine.fold_loop import Until, fold, parse_until
 from quotaledger.engine.render import tree_text
 from quotaledger.events.codec import encode_event, peek_kind
-from quotaledger.events.ledger import Append, LedgerError, Record, Snapshot
+from quotaledger.events.ledger import Append, Ledger, LedgerError, Record, Snapshot
 from quotaledger.events.model import LedgerOpened
 from quotaledger.projections import Projection, state_json
 from quotaledger.projections.snapshot import SnapshotError, dump, load
 
 from .jsonl import JsonlError, ledger_id_for, read_lines, records
+from .ledger_url import is_kafka_url, open_ledger
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 
@@ -90,10 +91,8 @@ def _progress_enabled(args: argparse.Namespace) -> bool:
     return sys.stderr.isatty()
 
 
-async def _fold_ledger(path: Path, until: Until, args: argparse.Namespace) -> Projection:
-    from .sqlite_ledger import SqliteLedger
-
-    ledger = await SqliteLedger.open(str(path), create=False)
+async def _fold_ledger(path: Path | str, until: Until, args: argparse.Namespace) -> Projection:
+    ledger = await open_ledger(str(path), create=False, snapshots=getattr(args, "snapshots", None))
     try:
         projection = Projection()
         start = 0
@@ -109,18 +108,47 @@ async def _fold_ledger(path: Path, until: Until, args: argparse.Namespace) -> Pr
                 if until.ts is None or state.ts <= until.ts:
                     projection = Projection(state)
                     start = snapshot.offset + 1
-        total = await ledger.last_offset() + 1
+        iter_batches = getattr(ledger, "iter_batches", None)
+        total = await ledger.last_offset() + 1 if iter_batches is not None else None
         progress = Progress("replay", total, sys.stderr, _progress_enabled(args))
         progress.started = time.monotonic()
-        fold(projection, ledger.iter_batches(start), until, progress)
+        if iter_batches is not None:
+            fold(projection, iter_batches(start), until, progress)
+        else:
+            await fold_async(projection, ledger, start, until, progress)
         progress.close()
         return projection
     finally:
         await ledger.close()
 
 
-def fold_path(path: Path, args: argparse.Namespace) -> Projection:
-    """Fold a JSONL file or a SQLite ledger up to ``--until``."""
+async def fold_async(
+    projection: Projection,
+    ledger: Ledger,
+    start: int,
+    until: Until,
+    progress: Callable[[int], None] | None = None,
+) -> None:
+    """Fold a ledger read asynchronously (Kafka) from ``start`` up to ``until``."""
+    applied = 0
+    async for batch in ledger.read(start):
+        if until.reached(batch[-1]):
+            fold(projection, [batch], until)
+            return
+        applied += fold(projection, [batch])
+        if progress is not None:
+            progress(applied)
+
+
+def fold_path(path: Path | str, args: argparse.Namespace) -> Projection:
+    """Fold a JSONL file or a SQLite/Kafka ledger up to ``--until``."""
+    if isinstance(path, str) and is_kafka_url(path):
+        try:
+            kafka_until = parse_until(args.until)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        return asyncio.run(_fold_ledger(path, kafka_until, args))
+    path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: no such file")
     try:
@@ -148,7 +176,7 @@ def _print_json(document: Any) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    projection = fold_path(Path(args.source), args)
+    projection = fold_path(args.source, args)
     document = state_json(projection.state)
     if args.json:
         _print_json(document)
@@ -158,19 +186,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
-    projection = fold_path(Path(args.source), args)
+    projection = fold_path(args.source, args)
     print(tree_text(state_json(projection.state)))
     return 0
 
 
-async def _ingest(source: Path, target: Path, skip_invalid: bool) -> tuple[int, int]:
-    from .sqlite_ledger import SqliteLedger
-
-    new = not target.exists() or target.stat().st_size == 0
+async def _ingest(source: Path, target: str, skip_invalid: bool) -> tuple[int, int]:
     # A new ledger's LedgerOpened is stamped at the epoch, as in a JSONL replay:
     # at the wall clock it would clamp every older `at` of the file up to now.
-    clock: dict[str, Any] = {"clock_ms": lambda: 0} if new else {}
-    ledger = await SqliteLedger.open(str(target), create=True, **clock)
+    # (A Kafka topic made by `init` carries init's clock instead, DESIGN §10.)
+    ledger = await open_ledger(target, create=True, opened_at_ms=0)
     try:
         count = 0
         batch: list[Append] = []
@@ -189,19 +214,40 @@ async def _ingest(source: Path, target: Path, skip_invalid: bool) -> tuple[int, 
         await ledger.close()
 
 
+async def _init(url: str, opened_at_ms: int | None) -> tuple[str, int]:
+    ledger = await open_ledger(url, create=True, opened_at_ms=opened_at_ms)
+    try:
+        return ledger.ledger_id, await ledger.last_offset()
+    finally:
+        await ledger.close()
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    opened_at: int | None = None
+    if args.at is not None:
+        try:
+            until = parse_until(args.at)
+        except ValueError:
+            until = Until()
+        if until.ts is None:
+            raise UserError(f"--at: {args.at!r} is not an RFC 3339 time")
+        opened_at = until.ts
+    ledger_id, last = asyncio.run(_init(args.ledger, opened_at))
+    print(f"ledger {args.ledger}: ledger_id {ledger_id}, last offset {last}")
+    return 0
+
+
 def cmd_ingest(args: argparse.Namespace) -> int:
     source = Path(args.source)
     if not source.exists():
         raise UserError(f"{source}: no such file")
-    count, last = asyncio.run(_ingest(source, Path(args.ledger), args.skip_invalid))
+    count, last = asyncio.run(_ingest(source, args.ledger, args.skip_invalid))
     print(f"appended {count} record(s) to {args.ledger}; last offset {last}")
     return 0
 
 
-async def _snapshot(path: Path) -> tuple[int, str]:
-    from .sqlite_ledger import SqliteLedger
-
-    ledger = await SqliteLedger.open(str(path), create=False)
+async def _snapshot(path: str, snapshots: str | None) -> tuple[int, str]:
+    ledger = await open_ledger(path, create=False, snapshots=snapshots)
     try:
         projection = Projection()
         snapshot = await ledger.load_snapshot(None)
@@ -209,7 +255,7 @@ async def _snapshot(path: Path) -> tuple[int, str]:
         if snapshot is not None:
             projection = Projection(load(snapshot.blob))
             start = snapshot.offset + 1
-        fold(projection, ledger.iter_batches(start))
+        await fold_async(projection, ledger, start, Until())
         state = projection.state
         await ledger.save_snapshot(Snapshot(offset=state.offset, blob=dump(state)))
         return state.offset, state_json(state)["hash"]
@@ -218,10 +264,11 @@ async def _snapshot(path: Path) -> tuple[int, str]:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    path = Path(args.ledger)
-    if not path.exists():
-        raise UserError(f"{path}: no such file")
-    offset, digest = asyncio.run(_snapshot(path))
+    if is_kafka_url(args.ledger) and args.snapshots is None:
+        raise UserError("a Kafka ledger keeps its snapshots in a local file: add --snapshots PATH")
+    if not is_kafka_url(args.ledger) and not Path(args.ledger).exists():
+        raise UserError(f"{args.ledger}: no such file")
+    offset, digest = asyncio.run(_snapshot(args.ledger, args.snapshots))
     print(f"snapshot at offset {offset}, state hash {digest}")
     return 0
 
@@ -297,9 +344,7 @@ async def _run_engine(args: argparse.Namespace) -> None:
 
     from quotaledger.engine.live import LiveEngine, LogExecutor, SimulateExecutor
 
-    from .sqlite_ledger import SqliteLedger
-
-    ledger = await SqliteLedger.open(str(args.ledger), create=True)
+    ledger = await open_ledger(args.ledger, create=True, snapshots=args.snapshots)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -361,12 +406,27 @@ def _jsonl_ledger_records(path: Path) -> list[Record]:
 RecordSource = Callable[[int], Iterable[Record]]
 
 
-def _with_ledger_records(path: Path, work: Callable[[RecordSource], Any]) -> Any:
+async def _kafka_records(url: str) -> RecordSource:
+    """Every record of a Kafka ledger, read once (audit reads them all anyway)."""
+    ledger = await open_ledger(url, create=False)
+    try:
+        rows: list[Record] = []
+        async for batch in ledger.read(0):
+            rows.extend(batch)
+    finally:
+        await ledger.close()
+    return lambda start: rows[start:]
+
+
+def _with_ledger_records(path: Path | str, work: Callable[[RecordSource], Any]) -> Any:
     """Run ``work(source)`` where ``source(n)`` yields the ledger's records from offset n.
 
     Read only: the SQLite file is opened through its own reader connections and
     nothing is appended, snapshotted or rewritten.
     """
+    if isinstance(path, str) and is_kafka_url(path):
+        return work(asyncio.run(_kafka_records(path)))
+    path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: no such file")
     if _is_jsonl(path):
@@ -388,7 +448,7 @@ def _with_ledger_records(path: Path, work: Callable[[RecordSource], Any]) -> Any
 def cmd_audit(args: argparse.Namespace) -> int:
     from quotaledger.engine.audit import audit
 
-    report = _with_ledger_records(Path(args.ledger), audit)
+    report = _with_ledger_records(args.ledger, audit)
     if args.pod is not None:
         report = report.for_pod(args.pod)
     if args.json:
@@ -401,14 +461,19 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 1 if report.flagged else 0
 
 
-def _fold_for_whatif(path: Path, until: Until, args: argparse.Namespace) -> Projection:
+def _fold_for_whatif(path: Path | str, until: Until, args: argparse.Namespace) -> Projection:
+    options = argparse.Namespace(
+        no_snapshot=args.no_snapshot, progress=False, snapshots=getattr(args, "snapshots", None)
+    )
+    if isinstance(path, str) and is_kafka_url(path):
+        return asyncio.run(_fold_ledger(path, until, options))
+    path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: no such file")
     if _is_jsonl(path):
         projection = Projection()
         fold(projection, [_jsonl_ledger_records(path)], until)
         return projection
-    options = argparse.Namespace(no_snapshot=args.no_snapshot, progress=False)
     return asyncio.run(_fold_ledger(path, until, options))
 
 
@@ -426,7 +491,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     if not change_path.exists():
         raise UserError(f"{change_path}: no such file")
     changes = [(line.ts, line.payload) for line in read_lines(change_path, skip_invalid=False)]
-    projection = _fold_for_whatif(Path(args.ledger), until, args)
+    projection = _fold_for_whatif(args.ledger, until, args)
     state = projection.state
     if until.offset is not None and state.offset < until.offset:
         raise UserError(f"--at {until.offset}: the ledger ends at offset {state.offset}")
@@ -471,8 +536,13 @@ examples:
 """
 
 
+SNAPSHOTS_HELP = "local SQLite file holding a Kafka ledger's snapshots (keyed by ledger_id)"
+LEDGER_HELP = "a SQLite ledger (PATH or sqlite:///PATH) or kafka://HOST:PORT[,...]/TOPIC"
+
+
 def _add_source(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", help="a SQLite ledger file, or FILE.jsonl of events")
+    parser.add_argument("source", help=f"{LEDGER_HELP}, or FILE.jsonl of events")
+    parser.add_argument("--snapshots", metavar="PATH", help=SNAPSHOTS_HELP)
     parser.add_argument("--until", help="stop after this offset (inclusive) or RFC 3339 time")
     parser.add_argument(
         "--skip-invalid",
@@ -523,6 +593,29 @@ def build_parser() -> argparse.ArgumentParser:
     _add_source(tree)
     tree.set_defaults(handler=cmd_tree)
 
+    init = commands.add_parser(
+        "init",
+        help="create a ledger (SQLite file or Kafka topic) and write its LedgerOpened",
+        description="Create the ledger LEDGER names and write LedgerOpened. A Kafka ledger is"
+        " a topic with one partition, retention.ms=-1 and cleanup.policy=delete. LedgerOpened"
+        " carries the wall clock (or --at): facts published later with an older `at` are"
+        " clamped up to it, so a ledger's time never goes back. An existing ledger is left"
+        " as it is.",
+        epilog="examples:\n  quotaledger init kafka://127.0.0.1:9092/quota-ledger\n"
+        "  quotaledger init ledger.db\n"
+        "  quotaledger init kafka://k1:9092,k2:9092/ql?security_protocol=SSL&ssl_cafile=ca.pem\n"
+        "  quotaledger init kafka://127.0.0.1:9092/replayable --at 1970-01-01T00:00:00Z\n",
+        formatter_class=raw,
+    )
+    init.add_argument("ledger", metavar="LEDGER", help=LEDGER_HELP)
+    init.add_argument(
+        "--at",
+        metavar="TIME",
+        help="RFC 3339 time LedgerOpened carries (default: now); the epoch lets a published"
+        " file replay exactly as the file does",
+    )
+    init.set_defaults(handler=cmd_init)
+
     ingest = commands.add_parser(
         "ingest",
         help="append a JSONL file of events to a SQLite ledger",
@@ -531,7 +624,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=raw,
     )
     ingest.add_argument("source", help="FILE.jsonl")
-    ingest.add_argument("ledger", help="SQLite ledger file (created if missing)")
+    ingest.add_argument("ledger", help=f"{LEDGER_HELP} (created if missing)")
     ingest.add_argument(
         "--skip-invalid", action="store_true", help="keep bad lines as FactRejected"
     )
@@ -544,7 +637,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n  quotaledger snapshot ledger.db\n",
         formatter_class=raw,
     )
-    snapshot.add_argument("ledger", help="SQLite ledger file")
+    snapshot.add_argument("ledger", help=LEDGER_HELP)
+    snapshot.add_argument("--snapshots", metavar="PATH", help=SNAPSHOTS_HELP)
     snapshot.set_defaults(handler=cmd_snapshot)
 
     simulate = commands.add_parser(
@@ -583,7 +677,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  quotaledger run ledger.db --executor log --instance eng-1\n",
         formatter_class=raw,
     )
-    run.add_argument("ledger", help="SQLite ledger file (created if missing)")
+    run.add_argument("ledger", help=f"{LEDGER_HELP} (created if missing)")
+    run.add_argument("--snapshots", metavar="PATH", help=SNAPSHOTS_HELP)
     run.add_argument("--executor", choices=["simulate", "log"], default="simulate")
     run.add_argument("--instance", default=f"engine-{os.getpid()}", help="this engine's name")
     run.add_argument(
@@ -615,7 +710,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  quotaledger audit sim.db --json | jq '.decisions[] | select(.justified | not)'\n",
         formatter_class=raw,
     )
-    audit.add_argument("ledger", metavar="LEDGER", help="SQLite ledger, or FILE.jsonl")
+    audit.add_argument("ledger", metavar="LEDGER", help=f"{LEDGER_HELP}, or FILE.jsonl")
     audit.add_argument(
         "--pod",
         metavar="UID",
@@ -647,7 +742,8 @@ def build_parser() -> argparse.ArgumentParser:
         "\nDURATION: a number with a unit: 90s, 30m, 2h, 1d, 1h30m, 500ms (bare: seconds).\n",
         formatter_class=raw,
     )
-    whatif.add_argument("ledger", metavar="LEDGER", help="SQLite ledger, or FILE.jsonl")
+    whatif.add_argument("ledger", metavar="LEDGER", help=f"{LEDGER_HELP}, or FILE.jsonl")
+    whatif.add_argument("--snapshots", metavar="PATH", help=SNAPSHOTS_HELP)
     whatif.add_argument(
         "--at", metavar="OFFSET|TIME", help="fork point (default: the end of the ledger)"
     )

@@ -1,0 +1,630 @@
+"""The Kafka ledger: one topic, one partition, read and written with aiokafka (DESIGN §3, §10).
+
+Rules this backend keeps, whatever the broker:
+
+* **the partition offset is the ledger offset.** A reader checks that every
+  message follows the previous one: a gap (retention, compaction, transaction
+  markers) stops it with :class:`LedgerGap` naming the offset; an offset going
+  back (a broker that lost its log and started again) stops it with
+  :class:`LedgerMismatch`. Record 0 must be ``LedgerOpened`` with this ledger's
+  id, or the reader stops too (a reset topic re-initialised by someone else is
+  another history);
+* **ts** of a message is its value's ``at`` when present (and within the bounds
+  of §9), else the Kafka record timestamp; then clamped up to the previous
+  record's ts. Every reader computes the same ts: it depends only on the values
+  and timestamps of the records before it. A reader starting in the middle
+  needs the ts of the record before its start: it knows it from records it read
+  or from a loaded snapshot (whose ts is stored with it), and otherwise rescans
+  the timestamps from the nearest point it knows (at worst offset 0);
+* **the tail is found by reading**: a read without ``follow`` ends at the first
+  fetch that returns nothing. ``end_offsets``, ``offsets_for_times``,
+  idempotent producers and transactions are never used (tansu reports end
+  offsets wrongly and has neither of the others);
+* **appends** go with ``acks=all``, one Kafka record batch per call when it fits
+  (``max_batch_size``), and are retried on broker errors until
+  ``append_timeout_s``. A retried append may land twice: the projection ignores
+  a duplicate decision (decisions are idempotent by id).
+
+Snapshots live in a local SQLite file (``snapshots=PATH``), keyed by ledger_id
+(:mod:`quotaledger.adapters.snapshot_store`); without one, ``save_snapshot`` is
+a no-op and ``load_snapshot`` finds nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+from typing import Any
+
+import msgspec
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # type: ignore[import-untyped]
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
+from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
+
+from quotaledger.events.codec import EventError, decode_event, encode_event
+from quotaledger.events.ledger import Append, LedgerError, LedgerMismatch, Record, Snapshot
+from quotaledger.events.model import LedgerOpened
+
+from .snapshot_store import SnapshotStore
+
+__all__ = ["KafkaLedger", "LedgerGap", "wall_clock_ms"]
+
+log = logging.getLogger("quotaledger.kafka")
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: §9: times lie in 1970-01-01 .. 9000-01-01; an `at` outside is not a ts.
+_MAX_TS = (datetime(9000, 1, 1, tzinfo=UTC) - _EPOCH) // timedelta(milliseconds=1)
+#: Topic settings of a new ledger (§10): kept forever, never compacted.
+TOPIC_CONFIG = {"retention.ms": "-1", "cleanup.policy": "delete"}
+#: Bigger batches than aiokafka's defaults: a ledger is read and written in bulk.
+PRODUCER_BATCH_BYTES = 1_000_000
+FETCH_BYTES = 16 * 1024 * 1024
+_KNOWN_TS_LIMIT = 4096
+
+
+class LedgerGap(LedgerError):
+    """The partition skips offsets: records were deleted, compacted or are markers."""
+
+
+class _AtOnly(msgspec.Struct):
+    at: Any = None
+
+
+_AT_DECODER = msgspec.json.Decoder(_AtOnly)
+_DATETIME = msgspec.json.Decoder(datetime)
+
+
+def wall_clock_ms() -> int:
+    """Milliseconds since the epoch by the wall clock."""
+    return time.time_ns() // 1_000_000
+
+
+def value_ts(value: bytes) -> int | None:
+    """The ms of a message value's ``at``, or None when absent or unusable."""
+    if b'"at"' not in value:
+        return None
+    try:
+        at = _AT_DECODER.decode(value).at
+        if not isinstance(at, str):
+            return None
+        moment = _DATETIME.decode(b'"' + at.encode() + b'"')
+    except (msgspec.DecodeError, UnicodeEncodeError):
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    ms = (moment - _EPOCH) // timedelta(milliseconds=1)
+    return ms if 0 <= ms <= _MAX_TS else None
+
+
+def ms_datetime(ms: int) -> datetime:
+    """The UTC datetime of ``ms`` since the epoch (exact)."""
+    return _EPOCH + timedelta(milliseconds=ms)
+
+
+class KafkaLedger:
+    """A :class:`quotaledger.events.Ledger` in one Kafka partition (DESIGN §10).
+
+    Create with ``await KafkaLedger.open(bootstrap, topic)``.
+    """
+
+    def __init__(
+        self,
+        bootstrap: Sequence[str],
+        topic: str,
+        ledger_id: str,
+        producer: Any,
+        *,
+        client_options: Mapping[str, Any],
+        clock_ms: Callable[[], int],
+        snapshots: SnapshotStore | None,
+        poll_ms: int,
+        append_timeout_s: float,
+    ) -> None:
+        """Internal: use :meth:`open`."""
+        self.bootstrap = list(bootstrap)
+        self.topic = topic
+        self._ledger_id = ledger_id
+        self._producer = producer
+        self._options = dict(client_options)
+        self._clock_ms = clock_ms
+        self._snapshots = snapshots
+        self._poll_ms = poll_ms
+        self.append_timeout_s = append_timeout_s
+        self._known_ts: dict[int, int] = {}
+        self._max_offset = -1
+        self._closed = False
+        self._readers: set[Any] = set()
+        #: Appends that were sent again after a broker error (each may have duplicated).
+        self.append_retries = 0
+        #: How often an idle follower checks that record 0 is still there (seconds).
+        self.reset_check_s = 2.0
+        #: How long a read without follow waits for a first answer from the broker.
+        self.read_timeout_s = 30.0
+
+    # ------------------------------------------------------------------ open
+
+    @classmethod
+    async def open(
+        cls,
+        bootstrap: Sequence[str] | str,
+        topic: str,
+        *,
+        create: bool = True,
+        client_options: Mapping[str, Any] | None = None,
+        expect_ledger_id: str | None = None,
+        ledger_id: str | None = None,
+        opened_at_ms: int | None = None,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+        snapshots: str | None = None,
+        poll_ms: int = 100,
+        append_timeout_s: float = 120.0,
+    ) -> KafkaLedger:
+        """Open the ledger in ``topic``; with ``create``, make the topic (one
+        partition, kept forever) and write its ``LedgerOpened`` when missing.
+
+        ``LedgerOpened`` carries ``at`` = ``opened_at_ms`` (default: the wall
+        clock), so later facts with an older ``at`` are clamped up to it (§10).
+        Raises :class:`LedgerError` when the topic is missing or empty without
+        ``create``, has more than one partition, or does not start with
+        ``LedgerOpened``; :class:`LedgerMismatch` when its id is not
+        ``expect_ledger_id``.
+        """
+        servers = [bootstrap] if isinstance(bootstrap, str) else list(bootstrap)
+        options = dict(client_options or {})
+        where = f"kafka://{','.join(servers)}/{topic}"
+        await _ensure_topic(servers, topic, options, create, where)
+        producer = AIOKafkaProducer(
+            bootstrap_servers=servers,
+            acks="all",
+            enable_idempotence=False,
+            max_batch_size=PRODUCER_BATCH_BYTES,
+            max_request_size=PRODUCER_BATCH_BYTES + 65536,
+            linger_ms=0,
+            request_timeout_ms=10_000,
+            retry_backoff_ms=100,
+            **options,
+        )
+        try:
+            await producer.start()
+        except KafkaError as exc:
+            await producer.stop()
+            raise LedgerError(f"{where}: cannot connect: {exc}") from None
+        ledger = cls(
+            servers,
+            topic,
+            "",
+            producer,
+            client_options=options,
+            clock_ms=clock_ms,
+            snapshots=None,
+            poll_ms=poll_ms,
+            append_timeout_s=append_timeout_s,
+        )
+        try:
+            first = await ledger._first_record(where)
+            if first is None:
+                if not create:
+                    raise LedgerError(f"{where}: the topic is empty, not a ledger (run init)")
+                at = clock_ms() if opened_at_ms is None else opened_at_ms
+                new_id = ledger_id if ledger_id is not None else uuid.uuid4().hex
+                opened = LedgerOpened(ledger_id=new_id, at=ms_datetime(at))
+                await ledger._send([Append(payload=encode_event(opened), ts=at)])
+                first = await ledger._first_record(where)
+                if first is None:
+                    raise LedgerError(f"{where}: LedgerOpened was acknowledged but cannot be read")
+            found = _opened_id(first, where)
+            for wanted in (expect_ledger_id, ledger_id):
+                if wanted is not None and wanted != found:
+                    raise LedgerMismatch(
+                        f"{where} has ledger_id {found!r}, expected {wanted!r}: "
+                        "refusing to mix two histories"
+                    )
+            ledger._ledger_id = found
+            ledger._remember(0, first.ts)
+            if snapshots is not None:
+                ledger._snapshots = SnapshotStore.open(snapshots, found)
+        except BaseException:
+            await ledger.close()
+            raise
+        return ledger
+
+    async def _first_record(self, where: str) -> Record | None:
+        async for batch in self._read(0, follow=False, check_opened=False):
+            return batch[0]
+        return None
+
+    async def __aenter__(self) -> KafkaLedger:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @property
+    def ledger_id(self) -> str:
+        """The id in record 0's ``LedgerOpened``."""
+        return self._ledger_id
+
+    @property
+    def where(self) -> str:
+        return f"kafka://{','.join(self.bootstrap)}/{self.topic}"
+
+    @property
+    def client_options(self) -> dict[str, Any]:
+        """The TLS/SASL arguments every client of this ledger uses."""
+        return dict(self._options)
+
+    # ---------------------------------------------------------------- append
+
+    async def append(self, batch: Sequence[Append]) -> list[int]:
+        """Append ``batch`` (``acks=all``); return the offsets the broker assigned.
+
+        A batch that fits one Kafka record batch is written atomically; a larger
+        one is split, and another writer's records may land between the parts.
+        ``ts`` None is the ledger clock; the record timestamp carries it.
+        """
+        self._check_open()
+        items = list(batch)
+        for item in items:
+            if not isinstance(item, Append) or not isinstance(item.payload, bytes):
+                raise TypeError("append() takes Append items with bytes payloads")
+        if not items:
+            return []
+        return await self._send(items)
+
+    async def _send(self, items: list[Append]) -> list[int]:
+        now = self._clock_ms()
+        offsets: list[int] = []
+        for part in self._parts(items, now):
+            offsets.extend(await self._send_part(part))
+        if offsets[0] <= self._max_offset:
+            raise LedgerMismatch(
+                f"{self.where}: the broker assigned offset {offsets[0]} after offset "
+                f"{self._max_offset} was seen: its log was reset; refusing to mix two histories"
+            )
+        self._max_offset = offsets[-1]
+        return offsets
+
+    def _parts(self, items: list[Append], now: int) -> list[list[tuple[bytes, int]]]:
+        """Split into parts that each fit one record batch."""
+        parts: list[list[tuple[bytes, int]]] = [[]]
+        size = 0
+        for item in items:
+            ts = now if item.ts is None else max(0, item.ts)
+            cost = len(item.payload) + 64
+            if parts[-1] and size + cost > PRODUCER_BATCH_BYTES:
+                parts.append([])
+                size = 0
+            parts[-1].append((item.payload, ts))
+            size += cost
+        return parts
+
+    async def _send_part(self, part: list[tuple[bytes, int]]) -> list[int]:
+        deadline = time.monotonic() + self.append_timeout_s
+        while True:
+            try:
+                batch = self._producer.create_batch()
+                for payload, ts in part:
+                    if batch.append(key=None, value=payload, timestamp=ts) is None:
+                        raise LedgerError(
+                            f"{self.where}: a record of {len(payload)} bytes does not fit"
+                            f" a Kafka batch of {PRODUCER_BATCH_BYTES} bytes"
+                        )
+                future = await self._producer.send_batch(batch, self.topic, partition=0)
+                metadata = await future
+                first = int(metadata.offset)
+                return list(range(first, first + len(part)))
+            except KafkaError as exc:
+                if time.monotonic() >= deadline:
+                    raise LedgerError(
+                        f"{self.where}: append failed for {self.append_timeout_s:.0f} s: {exc}"
+                    ) from None
+                self.append_retries += 1
+                log.warning("%s: append failed (%s); retrying", self.where, exc)
+                await asyncio.sleep(0.2)
+
+    # ------------------------------------------------------------------ read
+
+    def read(self, from_offset: int = 0, *, follow: bool = False) -> AsyncIterator[list[Record]]:
+        """Yield records from ``from_offset`` in offset order, in batches.
+
+        Without ``follow`` it ends at the tail (a fetch that returns nothing);
+        with ``follow`` it waits for new records until the ledger is closed or
+        the consuming task is cancelled. Raises :class:`LedgerGap` /
+        :class:`LedgerMismatch` as the module docstring says.
+        """
+        if from_offset < 0:
+            raise ValueError(f"from_offset must be >= 0, not {from_offset}")
+        self._check_open()
+        return self._read(from_offset, follow=follow, check_opened=True)
+
+    async def _read(
+        self, from_offset: int, *, follow: bool, check_opened: bool
+    ) -> AsyncIterator[list[Record]]:
+        start, prev_ts = self._resume_point(from_offset)
+        consumer = self._consumer()
+        tp = TopicPartition(self.topic, 0)
+        self._readers.add(consumer)
+        try:
+            try:
+                await consumer.start()
+            except KafkaError as exc:
+                raise LedgerError(f"{self.where}: cannot connect: {exc}") from None
+            consumer.assign([tp])
+            consumer.seek(tp, start)
+            expected = start
+            wait_ms = self._poll_ms * 3
+            checked = time.monotonic()
+            silent_since = time.monotonic()
+            while not self._closed:
+                try:
+                    fetched = await consumer.getmany(tp, timeout_ms=wait_ms)
+                except KafkaError as exc:
+                    if not follow:
+                        raise LedgerError(f"{self.where}: read failed: {exc}") from None
+                    log.warning("%s: read failed (%s); retrying", self.where, exc)
+                    await asyncio.sleep(0.2)
+                    continue
+                messages = fetched.get(tp, [])
+                if not messages:
+                    now = time.monotonic()
+                    if follow:
+                        if now - checked >= self.reset_check_s:
+                            checked = now
+                            await self._verify_head()
+                        continue
+                    high = consumer.highwater(tp)
+                    if high is None:
+                        # No fetch answered yet (broker down or slow): not the tail.
+                        if now - silent_since > self.read_timeout_s:
+                            raise LedgerError(
+                                f"{self.where}: no answer from the broker for"
+                                f" {self.read_timeout_s:.0f} s"
+                            )
+                        continue
+                    if high > expected:
+                        continue  # the broker says more is there: fetch again
+                    return
+                silent_since = time.monotonic()
+                records: list[Record] = []
+                for message in messages:
+                    offset = message.offset
+                    if offset != expected:
+                        self._broken(offset, expected)
+                    value = message.value if message.value is not None else b""
+                    ts = value_ts(value)
+                    if ts is None:
+                        ts = message.timestamp
+                    if ts < prev_ts:
+                        ts = prev_ts
+                    prev_ts = ts
+                    expected = offset + 1
+                    if offset == 0 and check_opened:
+                        self._check_opened(value)
+                    if offset >= from_offset:
+                        records.append(Record(offset, ts, value))
+                self._remember(expected - 1, prev_ts)
+                if expected - 1 > self._max_offset:
+                    self._max_offset = expected - 1
+                if records:
+                    yield records
+        finally:
+            self._readers.discard(consumer)
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+
+    async def _verify_head(self) -> None:
+        """A follower idle at the tail checks record 0 is still this ledger's:
+        a broker that lost its log (memory storage restarted) is detected even
+        when nobody appends. An unreachable broker is not a verdict."""
+        try:
+            first = await self._first_record(self.where)
+        except LedgerMismatch:
+            raise
+        except (LedgerError, KafkaError) as exc:
+            log.warning("%s: cannot check record 0 (%s)", self.where, exc)
+            return
+        if first is None:
+            raise LedgerMismatch(
+                f"{self.where}: record 0 (LedgerOpened {self._ledger_id}) is gone: the"
+                " broker lost its log; refusing to follow another history"
+            )
+        self._check_opened(first.payload)
+
+    def _broken(self, offset: int, expected: int) -> None:
+        if offset > expected:
+            raise LedgerGap(
+                f"{self.where}: offset {expected} is missing (the next record is at offset"
+                f" {offset}): records were deleted by retention or compaction, or are"
+                " transaction markers; a ledger must be gap-free"
+            )
+        raise LedgerMismatch(
+            f"{self.where}: expected offset {expected} but the broker returned offset"
+            f" {offset}: the log was reset (a broker that lost its data?); refusing to mix"
+            " two histories"
+        )
+
+    def _check_opened(self, value: bytes) -> None:
+        found = _opened_id(Record(0, 0, value), self.where)
+        if found != self._ledger_id:
+            raise LedgerMismatch(
+                f"{self.where}: offset 0 holds ledger_id {found!r}, not {self._ledger_id!r}:"
+                " the topic was reset and re-initialised; refusing to mix two histories"
+            )
+
+    def _resume_point(self, from_offset: int) -> tuple[int, int]:
+        """Where to start reading to know the ts before ``from_offset``: the
+        offset to fetch from and the ts of the record before it."""
+        if from_offset == 0:
+            return 0, 0
+        if from_offset - 1 in self._known_ts:
+            return from_offset, self._known_ts[from_offset - 1]
+        below = [offset for offset in self._known_ts if offset < from_offset]
+        if not below:
+            return 0, 0
+        best = max(below)
+        return best + 1, self._known_ts[best]
+
+    def _remember(self, offset: int, ts: int) -> None:
+        known = self._known_ts
+        known[offset] = ts
+        if len(known) > _KNOWN_TS_LIMIT:
+            for old in list(known)[: _KNOWN_TS_LIMIT // 4]:
+                del known[old]
+
+    def _consumer(self) -> Any:
+        return AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=self._poll_ms,
+            fetch_max_bytes=FETCH_BYTES,
+            max_partition_fetch_bytes=FETCH_BYTES,
+            request_timeout_ms=10_000,
+            **self._options,
+        )
+
+    async def last_offset(self) -> int:
+        """Offset of the newest record (-1 for none), found by reading to the tail."""
+        self._check_open()
+        last = max(self._max_offset, -1)
+        async for batch in self._read(max(0, last), follow=False, check_opened=True):
+            last = batch[-1].offset
+        return last
+
+    async def ts_at(self, offset: int) -> int:
+        """The ledger ts of the record at ``offset``."""
+        if offset in self._known_ts:
+            return self._known_ts[offset]
+        async for batch in self._read(offset, follow=False, check_opened=True):
+            return batch[0].ts
+        raise LedgerError(f"{self.where}: there is no record at offset {offset}")
+
+    # ------------------------------------------------------------- snapshots
+
+    async def save_snapshot(self, snapshot: Snapshot) -> None:
+        """Store ``snapshot`` in the ``--snapshots`` file (a no-op without one)."""
+        self._check_open()
+        if self._snapshots is None:
+            return
+        await self._snapshots.save(snapshot, await self.ts_at(snapshot.offset))
+
+    async def load_snapshot(self, at_most: int | None = None) -> Snapshot | None:
+        """The newest snapshot of this ledger at or before ``at_most`` (None without a file)."""
+        self._check_open()
+        if self._snapshots is None:
+            return None
+        found = self._snapshots.load(at_most)
+        if found is None:
+            return None
+        snapshot, ts = found
+        self._remember(snapshot.offset, ts)
+        return snapshot
+
+    @property
+    def has_snapshot_store(self) -> bool:
+        return self._snapshots is not None
+
+    # ----------------------------------------------------------------- close
+
+    async def close(self) -> None:
+        """Stop the clients; follow readers end. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for consumer in list(self._readers):
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+        with contextlib.suppress(Exception):
+            await self._producer.stop()
+        if self._snapshots is not None:
+            self._snapshots.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LedgerError(f"ledger {self.where} is closed")
+
+    def __repr__(self) -> str:
+        return f"<KafkaLedger {self.where} ledger_id={self._ledger_id}>"
+
+
+def _opened_id(record: Record, where: str) -> str:
+    """The ledger id of a record 0, or a clear error when it is no ``LedgerOpened``."""
+    if record.offset != 0:
+        raise LedgerGap(
+            f"{where}: the first record is at offset {record.offset}, not 0: records were"
+            " deleted (retention?); a ledger must start with LedgerOpened at offset 0"
+        )
+    try:
+        event = decode_event(record.payload)
+    except EventError as exc:
+        raise LedgerError(
+            f"{where}: offset 0 is not LedgerOpened ({exc}); not a quotaledger ledger"
+        ) from None
+    if not isinstance(event, LedgerOpened):
+        raise LedgerError(
+            f"{where}: offset 0 is {type(event).__name__}, not LedgerOpened; not a"
+            " quotaledger ledger (run `quotaledger init` on a new topic)"
+        )
+    return event.ledger_id
+
+
+async def _ensure_topic(
+    servers: list[str], topic: str, options: dict[str, Any], create: bool, where: str
+) -> None:
+    """Check the topic has one partition; create it (§10 settings) when missing."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=servers, request_timeout_ms=10_000, **options)
+    try:
+        try:
+            await admin.start()
+        except KafkaError as exc:
+            raise LedgerError(f"{where}: cannot connect: {exc}") from None
+        # Existence from the topic list: tansu creates a topic (with 4 partitions)
+        # on a metadata request naming it, which describe_topics sends.
+        exists = topic in await admin.list_topics()
+        partitions = await _partitions(admin, topic) if exists else None
+        if partitions is None:
+            if not create:
+                raise LedgerError(f"{where}: no such topic (create it with `quotaledger init`)")
+            response = await admin.create_topics(
+                [NewTopic(topic, 1, 1, topic_configs=dict(TOPIC_CONFIG))]
+            )
+            for _name, code, message in _topic_errors(response):
+                if code not in (0, 36):  # 36: created meanwhile by someone else
+                    raise LedgerError(f"{where}: cannot create the topic: {message} ({code})")
+            partitions = await _partitions(admin, topic)
+        if partitions is not None and partitions != 1:
+            raise LedgerError(
+                f"{where}: the topic has {partitions} partitions; a ledger is one partition"
+                " (total order)"
+            )
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+
+
+async def _partitions(admin: Any, topic: str) -> int | None:
+    described = await admin.describe_topics([topic])
+    for entry in described:
+        if entry.get("topic") != topic:
+            continue
+        if entry.get("error_code", 0) != 0:
+            return None
+        return len(entry.get("partitions", []))
+    return None
+
+
+def _topic_errors(response: Any) -> Iterable[tuple[str, int, str | None]]:
+    for entry in getattr(response, "topic_errors", []):
+        yield entry[0], entry[1], entry[2] if len(entry) > 2 else None
