@@ -396,23 +396,17 @@ class KafkaLedger:
                         continue  # the broker says more is there: fetch again
                     return
                 silent_since = time.monotonic()
-                records: list[Record] = []
-                for message in messages:
-                    offset = message.offset
-                    if offset != expected:
-                        self._broken(offset, expected)
-                    value = message.value if message.value is not None else b""
-                    ts = value_ts(value)
-                    if ts is None:
-                        ts = message.timestamp
-                    if ts < prev_ts:
-                        ts = prev_ts
-                    prev_ts = ts
-                    expected = offset + 1
-                    if offset == 0 and check_opened:
-                        self._check_opened(value)
-                    if offset >= from_offset:
-                        records.append(Record(offset, ts, value))
+                if expected == 0 and check_opened:
+                    first = messages[0]
+                    if first.offset == 0:
+                        self._check_opened(first.value or b"")
+                records, expected, prev_ts = sequence(
+                    self.where,
+                    ((m.offset, m.value, m.timestamp) for m in messages),
+                    expected,
+                    prev_ts,
+                    from_offset,
+                )
                 self._remember(expected - 1, prev_ts)
                 if expected - 1 > self._max_offset:
                     self._max_offset = expected - 1
@@ -440,19 +434,6 @@ class KafkaLedger:
                 " broker lost its log; refusing to follow another history"
             )
         self._check_opened(first.payload)
-
-    def _broken(self, offset: int, expected: int) -> None:
-        if offset > expected:
-            raise LedgerGap(
-                f"{self.where}: offset {expected} is missing (the next record is at offset"
-                f" {offset}): records were deleted by retention or compaction, or are"
-                " transaction markers; a ledger must be gap-free"
-            )
-        raise LedgerMismatch(
-            f"{self.where}: expected offset {expected} but the broker returned offset"
-            f" {offset}: the log was reset (a broker that lost its data?); refusing to mix"
-            " two histories"
-        )
 
     def _check_opened(self, value: bytes) -> None:
         found = _opened_id(Record(0, 0, value), self.where)
@@ -557,6 +538,53 @@ class KafkaLedger:
 
     def __repr__(self) -> str:
         return f"<KafkaLedger {self.where} ledger_id={self._ledger_id}>"
+
+
+def sequence(
+    where: str,
+    messages: Iterable[tuple[int, bytes | None, int]],
+    expected: int,
+    prev_ts: int,
+    from_offset: int = 0,
+) -> tuple[list[Record], int, int]:
+    """Kafka messages ``(offset, value, timestamp)`` as ledger records (§10).
+
+    ``expected`` is the next offset, ``prev_ts`` the ts of the record before it.
+    Offsets must follow each other (:class:`LedgerGap` on a skip,
+    :class:`LedgerMismatch` when they go back); ts is the value's ``at`` or the
+    Kafka timestamp, clamped up to the previous ts. Records before
+    ``from_offset`` only advance the ts. Returns the records, the next expected
+    offset and the last ts.
+    """
+    records: list[Record] = []
+    for offset, raw, timestamp in messages:
+        if offset != expected:
+            _broken(where, offset, expected)
+        value = raw if raw is not None else b""
+        ts = value_ts(value)
+        if ts is None:
+            ts = timestamp
+        if ts < prev_ts:
+            ts = prev_ts
+        prev_ts = ts
+        expected = offset + 1
+        if offset >= from_offset:
+            records.append(Record(offset, ts, value))
+    return records, expected, prev_ts
+
+
+def _broken(where: str, offset: int, expected: int) -> None:
+    if offset > expected:
+        raise LedgerGap(
+            f"{where}: offset {expected} is missing (the next record is at offset"
+            f" {offset}): records were deleted by retention or compaction, or are"
+            " transaction markers; a ledger must be gap-free"
+        )
+    raise LedgerMismatch(
+        f"{where}: expected offset {expected} but the broker returned offset"
+        f" {offset}: the log was reset (a broker that lost its data?); refusing to mix"
+        " two histories"
+    )
 
 
 def _opened_id(record: Record, where: str) -> str:
