@@ -344,6 +344,11 @@ async def _run_engine(args: argparse.Namespace) -> None:
 
     from quotaledger.engine.live import LiveEngine, LogExecutor, SimulateExecutor
 
+    if args.executor == "kafka" and not is_kafka_url(args.ledger):
+        raise UserError(
+            "--executor kafka needs a kafka:// ledger (its topics are TOPIC.evictions"
+            " and TOPIC.outcomes)"
+        )
     ledger = await open_ledger(args.ledger, create=True, snapshots=args.snapshots)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -351,7 +356,18 @@ async def _run_engine(args: argparse.Namespace) -> None:
         loop.add_signal_handler(signum, stop.set)
     if args.stop_after is not None:
         loop.call_later(args.stop_after, stop.set)
-    executor = SimulateExecutor() if args.executor == "simulate" else LogExecutor()
+    executor: Any = SimulateExecutor() if args.executor == "simulate" else LogExecutor()
+    if args.executor == "kafka":
+        from .kafka_executor import KafkaExecutor
+        from .ledger_url import parse_ledger_url
+
+        url = parse_ledger_url(args.ledger)
+        executor = KafkaExecutor(
+            url.bootstrap,
+            url.topic,
+            client_options=url.client_options(),
+            outcome_timeout_s=args.eviction_timeout,
+        )
     engine = LiveEngine(
         ledger,
         executor,
@@ -361,6 +377,10 @@ async def _run_engine(args: argparse.Namespace) -> None:
     )
 
     async def ready() -> None:
+        if args.executor == "kafka":
+            # after the restore: the outcome reader knows which evictions are outstanding
+            executor.bind(lambda: engine.state)
+            await executor.start()
         print(
             f"engine {args.instance} running on {args.ledger} at offset {engine.state.offset}",
             file=sys.stderr,
@@ -370,6 +390,8 @@ async def _run_engine(args: argparse.Namespace) -> None:
     try:
         await engine.run(stop, ready)
     finally:
+        if args.executor == "kafka":
+            await executor.close()
         await ledger.close()
 
 
@@ -679,7 +701,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("ledger", help=f"{LEDGER_HELP} (created if missing)")
     run.add_argument("--snapshots", metavar="PATH", help=SNAPSHOTS_HELP)
-    run.add_argument("--executor", choices=["simulate", "log"], default="simulate")
+    run.add_argument(
+        "--executor",
+        choices=["simulate", "log", "kafka"],
+        default="simulate",
+        help="simulate: evictions succeed at once; log: dry run; kafka: commands on"
+        " TOPIC.evictions, answers from TOPIC.outcomes (docs/PRODUCERS.md)",
+    )
+    run.add_argument(
+        "--eviction-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="kafka executor: an eviction without an answer by then fails (default 300)",
+    )
     run.add_argument("--instance", default=f"engine-{os.getpid()}", help="this engine's name")
     run.add_argument(
         "--no-election",
