@@ -49,7 +49,7 @@ from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
 
 from quotaledger.events.codec import EventError, decode_event, encode_event
 from quotaledger.events.ledger import Append, LedgerError, LedgerMismatch, Record, Snapshot
-from quotaledger.events.model import LedgerOpened
+from quotaledger.events.model import FactRejected, LedgerOpened
 
 from .snapshot_store import SnapshotStore
 
@@ -125,8 +125,11 @@ class KafkaLedger:
         snapshots: SnapshotStore | None,
         poll_ms: int,
         append_timeout_s: float,
+        fill_gaps: bool = False,
     ) -> None:
         """Internal: use :meth:`open`."""
+        #: Read a skip inside the log as filler records instead of stopping (gaps=fill).
+        self.fill_gaps = fill_gaps
         self.bootstrap = list(bootstrap)
         self.topic = topic
         self._ledger_id = ledger_id
@@ -164,6 +167,7 @@ class KafkaLedger:
         snapshots: str | None = None,
         poll_ms: int = 100,
         append_timeout_s: float = 120.0,
+        gaps: str = "stop",
     ) -> KafkaLedger:
         """Open the ledger in ``topic``; with ``create``, make the topic (one
         partition, kept forever) and write its ``LedgerOpened`` when missing.
@@ -173,8 +177,11 @@ class KafkaLedger:
         Raises :class:`LedgerError` when the topic is missing or empty without
         ``create``, has more than one partition, or does not start with
         ``LedgerOpened``; :class:`LedgerMismatch` when its id is not
-        ``expect_ledger_id``.
+        ``expect_ledger_id``. ``gaps="fill"`` reads a skip inside the log as
+        filler records (see :func:`sequence`) instead of stopping.
         """
+        if gaps not in ("stop", "fill"):
+            raise LedgerError(f"gaps must be 'stop' or 'fill', not {gaps!r}")
         servers = [bootstrap] if isinstance(bootstrap, str) else list(bootstrap)
         options = dict(client_options or {})
         where = f"kafka://{','.join(servers)}/{topic}"
@@ -205,6 +212,7 @@ class KafkaLedger:
             snapshots=None,
             poll_ms=poll_ms,
             append_timeout_s=append_timeout_s,
+            fill_gaps=gaps == "fill",
         )
         try:
             first = await ledger._first_record(where)
@@ -284,15 +292,18 @@ class KafkaLedger:
 
     async def _send(self, items: list[Append]) -> list[int]:
         now = self._clock_ms()
+        # Every record seen before sending existed before this append was
+        # numbered: the broker must place it after them, unless its log was reset.
+        floor = self._max_offset
         offsets: list[int] = []
         for part in self._parts(items, now):
             offsets.extend(await self._send_part(part))
-        if offsets[0] <= self._max_offset:
+        if offsets[0] <= floor:
             raise LedgerMismatch(
-                f"{self.where}: the broker assigned offset {offsets[0]} after offset "
-                f"{self._max_offset} was seen: its log was reset; refusing to mix two histories"
+                f"{self.where}: the broker assigned offset {offsets[0]} although offset "
+                f"{floor} existed before: its log was reset; refusing to mix two histories"
             )
-        self._max_offset = offsets[-1]
+        self._max_offset = max(self._max_offset, offsets[-1])
         return offsets
 
     def _parts(self, items: list[Append], now: int) -> list[list[tuple[bytes, int]]]:
@@ -406,6 +417,7 @@ class KafkaLedger:
                     expected,
                     prev_ts,
                     from_offset,
+                    self.fill_gaps,
                 )
                 self._remember(expected - 1, prev_ts)
                 if expected - 1 > self._max_offset:
@@ -540,12 +552,24 @@ class KafkaLedger:
         return f"<KafkaLedger {self.where} ledger_id={self._ledger_id}>"
 
 
+def gap_filler(offset: int) -> bytes:
+    """The record a ``gaps="fill"`` reader puts where the partition has none."""
+    return encode_event(
+        FactRejected(
+            offset=offset,
+            reason=f"partition offset {offset} holds no record (a write the broker lost"
+            " before acknowledging it; read with gaps=fill)",
+        )
+    )
+
+
 def sequence(
     where: str,
     messages: Iterable[tuple[int, bytes | None, int]],
     expected: int,
     prev_ts: int,
     from_offset: int = 0,
+    fill_gaps: bool = False,
 ) -> tuple[list[Record], int, int]:
     """Kafka messages ``(offset, value, timestamp)`` as ledger records (§10).
 
@@ -553,13 +577,20 @@ def sequence(
     Offsets must follow each other (:class:`LedgerGap` on a skip,
     :class:`LedgerMismatch` when they go back); ts is the value's ``at`` or the
     Kafka timestamp, clamped up to the previous ts. Records before
-    ``from_offset`` only advance the ts. Returns the records, the next expected
-    offset and the last ts.
+    ``from_offset`` only advance the ts. With ``fill_gaps`` a skip inside the log
+    is filled, offset by offset, with a ``FactRejected`` saying so (at the
+    previous ts), so every reader still sees the same gap-free ledger. Returns
+    the records, the next expected offset and the last ts.
     """
     records: list[Record] = []
     for offset, raw, timestamp in messages:
         if offset != expected:
-            _broken(where, offset, expected)
+            if not (fill_gaps and offset > expected > 0):
+                _broken(where, offset, expected)
+            log.warning("%s: offsets %d..%d hold no record; filled", where, expected, offset - 1)
+            for missing in range(expected, offset):
+                if missing >= from_offset:
+                    records.append(Record(missing, prev_ts, gap_filler(missing)))
         value = raw if raw is not None else b""
         ts = value_ts(value)
         if ts is None:

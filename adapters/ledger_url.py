@@ -3,8 +3,9 @@
 * a path, or ``sqlite:///PATH``: the SQLite ledger in that file;
 * ``kafka://HOST:PORT[,HOST:PORT...]/TOPIC[?option=value&...]``: the Kafka
   ledger in that topic's only partition. The options are the TLS/SASL settings
-  handed to aiokafka (:data:`KAFKA_OPTIONS`); any other parameter is refused with
-  a clear error rather than silently ignored.
+  handed to aiokafka (:data:`KAFKA_OPTIONS`) and ``gaps=stop|fill`` (what a
+  reader does at a skip in the partition's offsets, DECISIONS 78); any other
+  parameter is refused with a clear error rather than silently ignored.
 
 Every command that takes a LEDGER calls :func:`open_ledger`.
 """
@@ -62,6 +63,7 @@ class LedgerUrl:
     bootstrap: tuple[str, ...] = ()
     topic: str = ""
     options: dict[str, str] = field(default_factory=dict)
+    gaps: str = "stop"
 
     def client_options(self) -> dict[str, Any]:
         """Keyword arguments for aiokafka clients (TLS context built from the files)."""
@@ -133,9 +135,15 @@ def _parse_kafka(text: str) -> LedgerUrl:
     if parts.fragment:
         raise LedgerUrlError(f"{text}: a ledger URL has no #fragment")
     options: dict[str, str] = {}
+    gaps = "stop"
     for key, value in parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False):
+        if key == "gaps":
+            if value not in ("stop", "fill"):
+                raise LedgerUrlError(f"{text}: gaps={value!r} is not one of fill, stop")
+            gaps = value
+            continue
         if key not in KAFKA_OPTIONS:
-            known = ", ".join(sorted(KAFKA_OPTIONS))
+            known = ", ".join(sorted([*KAFKA_OPTIONS, "gaps"]))
             raise LedgerUrlError(f"{text}: unknown Kafka option {key!r} (known: {known})")
         allowed = KAFKA_OPTIONS[key]
         if allowed is not None and value not in allowed:
@@ -145,7 +153,7 @@ def _parse_kafka(text: str) -> LedgerUrl:
         if key in options:
             raise LedgerUrlError(f"{text}: option {key!r} given twice")
         options[key] = value
-    return LedgerUrl(scheme="kafka", bootstrap=hosts, topic=topic, options=options)
+    return LedgerUrl(scheme="kafka", bootstrap=hosts, topic=topic, options=options, gaps=gaps)
 
 
 async def open_ledger(
@@ -199,5 +207,6 @@ async def open_ledger(
         client_options=parsed.client_options(),
         snapshots=snapshots,
         opened_at_ms=opened_at_ms,
+        gaps=parsed.gaps,
         **kwargs,
     )

@@ -73,6 +73,27 @@ def test_sequence_stops_at_a_gap_and_at_a_reset() -> None:
         sequence("k", [(0, b"{}", 1)], 5, 0)
 
 
+def test_gaps_fill_reads_a_hole_as_a_rejected_record() -> None:
+    """tansu on s3 storage leaves an offset without a record when it is killed with
+    a write in flight; with gaps=fill every reader sees the same filler there."""
+    records, nxt, _ = sequence("k", [(5, b"{}", 10), (8, b"{}", 20)], 5, 0, 0, True)
+    assert [(r.offset, r.ts) for r in records] == [(5, 10), (6, 10), (7, 10), (8, 20)]
+    assert nxt == 9
+    projection = Projection()
+    projection.state.offset = 5
+    for record in records[1:3]:
+        projection.apply_record(record)
+    reasons = [r.reason for r in projection.state.rejected]
+    assert [r.offset for r in projection.state.rejected] == [6, 7]
+    assert all("holds no record" in reason for reason in reasons)
+    # a ledger whose start is gone is never filled: it is not this ledger any more
+    with pytest.raises(LedgerGap):
+        sequence("k", [(3, b"{}", 1)], 0, 0, 0, True)
+    assert parse_ledger_url("kafka://a:1/t?gaps=fill").gaps == "fill"
+    with pytest.raises(LedgerUrlError, match="gaps='maybe'"):
+        parse_ledger_url("kafka://a:1/t?gaps=maybe")
+
+
 def test_ts_prefers_at_then_the_record_timestamp() -> None:
     records, _, _ = sequence(
         "k",
