@@ -388,7 +388,11 @@ async def _run_engine(args: argparse.Namespace) -> None:
         )
 
     try:
-        await engine.run(stop, ready)
+        try:
+            await engine.run(stop, ready)
+        except* LedgerError as group:
+            # e.g. a Kafka broker that lost its log: one clear error, not a traceback
+            raise group.exceptions[0] from None
     finally:
         if args.executor == "kafka":
             await executor.close()
@@ -399,6 +403,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)  # its INFO is per connection
     asyncio.run(_run_engine(args))
     return 0
 

@@ -254,3 +254,33 @@ async def test_open_ledger_kafka_keeps_snapshots_per_ledger(
 
 def test_records_are_plain() -> None:
     assert Record(1, 2, b"x") == Record(1, 2, b"x")
+
+
+def test_engine_stops_when_a_memory_broker_restarts(topic: str) -> None:
+    """Fault (a) at the engine: `run` exits 2 with a clear error, no traceback."""
+    broker = Tansu().start()
+    try:
+        url = broker.url(topic)
+        assert cli("init", url).returncode == 0
+        engine = subprocess.Popen(
+            [sys.executable, "-m", "quotaledger.adapters.cli", "run", url, "--instance", "e"],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+        )
+        try:
+            assert engine.stderr is not None
+            for line in engine.stderr:  # pragma: no branch
+                if "engine e running" in line:
+                    break
+            broker.restart()
+            assert engine.wait(timeout=60) == 2
+            err = engine.stderr.read()
+        finally:
+            if engine.poll() is None:
+                engine.kill()
+                engine.wait()
+        assert "quotaledger: error:" in err and "refusing to" in err, err
+        assert "Traceback" not in err
+    finally:
+        broker.close()
