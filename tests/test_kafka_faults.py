@@ -77,8 +77,14 @@ async def engines_running(
     stop = asyncio.Event()
     handles = [await KafkaLedger.open(bootstrap, topic, poll_ms=50, gaps="fill") for _ in names]
     engines = [
-        LiveEngine(h, CountingExecutor(counts, topic), instance=n, election=election, idle_poll_s=0.05)
-        for h, n in zip(handles, names, strict=True)
+        LiveEngine(
+            handle,
+            CountingExecutor(counts, topic),
+            instance=name,
+            election=election,
+            idle_poll_s=0.05,
+        )
+        for handle, name in zip(handles, names, strict=True)
     ]
     ready = asyncio.Semaphore(0)
 
