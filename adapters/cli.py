@@ -131,7 +131,8 @@ async def fold_async(
 ) -> None:
     """Fold a ledger read asynchronously (Kafka) from ``start`` up to ``until``."""
     applied = 0
-    async for batch in ledger.read(start):
+    reader = getattr(ledger, "read_for_replay", ledger.read)  # Kafka: a reader process
+    async for batch in reader(start):
         if until.reached(batch[-1]):
             fold(projection, [batch], until)
             return

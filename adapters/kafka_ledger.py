@@ -146,6 +146,8 @@ class KafkaLedger:
         self.reset_check_s = 2.0
         #: How long a read without follow waits for a first answer from the broker.
         self.read_timeout_s = 30.0
+        #: How long a read without follow waits for records the high watermark promises.
+        self.tail_patience_s = 30.0
 
     # ------------------------------------------------------------------ open
 
@@ -360,7 +362,8 @@ class KafkaLedger:
         self, from_offset: int, *, follow: bool, check_opened: bool
     ) -> AsyncIterator[list[Record]]:
         start, prev_ts = self._resume_point(from_offset)
-        consumer = self._consumer(follow)
+        fetch_wait = self._poll_ms if follow else 50
+        consumer = self._consumer(fetch_wait)
         tp = TopicPartition(self.topic, 0)
         self._readers.add(consumer)
         try:
@@ -371,7 +374,7 @@ class KafkaLedger:
             consumer.assign([tp])
             consumer.seek(tp, start)
             expected = start
-            wait_ms = self._poll_ms * 3 if follow else 60
+            wait_ms = self._poll_ms * 3 if follow else 150
             checked = time.monotonic()
             silent_since = time.monotonic()
             while not self._closed:
@@ -400,8 +403,37 @@ class KafkaLedger:
                                 f" {self.read_timeout_s:.0f} s"
                             )
                         continue
-                    if high > expected:
+                    if high > expected and fetch_wait < 2000:
+                        # Records are promised but the fetch came back empty: a broker
+                        # reading slow storage (tansu on s3) answers at the fetch wait.
+                        # Ask again with a longer one (a new consumer: aiokafka fixes it).
+                        fetch_wait = min(fetch_wait * 4, 2000)
+                        wait_ms = fetch_wait * 3
+                        self._readers.discard(consumer)
+                        with contextlib.suppress(Exception):
+                            await consumer.stop()
+                        consumer = self._consumer(fetch_wait)
+                        self._readers.add(consumer)
+                        try:
+                            await consumer.start()
+                        except KafkaError as exc:
+                            raise LedgerError(f"{self.where}: cannot connect: {exc}") from None
+                        consumer.assign([tp])
+                        consumer.seek(tp, expected)
+                        continue
+                    if high > expected and now - silent_since <= self.tail_patience_s:
                         continue  # the broker says more is there: fetch again
+                    if high > expected:
+                        # tansu after a crash may report a high watermark past the
+                        # records it kept: what exists has been read.
+                        log.warning(
+                            "%s: high watermark %d but no record after offset %d for %.0f s;"
+                            " reading ends there",
+                            self.where,
+                            high,
+                            expected - 1,
+                            self.tail_patience_s,
+                        )
                     return
                 silent_since = time.monotonic()
                 if expected == 0 and check_opened:
@@ -452,6 +484,23 @@ class KafkaLedger:
                 " the topic was reset and re-initialised; refusing to mix two histories"
             )
 
+    def read_for_replay(self, from_offset: int = 0) -> AsyncIterator[list[Record]]:
+        """:meth:`read` to the tail, done by a second process (a replay folds on
+        this one's core): the same records. TLS ledgers are read here."""
+        if "ssl_context" in self._options:
+            return self.read(from_offset)
+        from .kafka_replay import read_in_process
+
+        return read_in_process(self, from_offset)
+
+    def resume_point(self, from_offset: int) -> tuple[int, int]:
+        """Where a read of ``from_offset`` starts and the ts before it (see below)."""
+        return self._resume_point(from_offset)
+
+    def remember_ts(self, offset: int, ts: int) -> None:
+        """Record that the record at ``offset`` has ledger ts ``ts``."""
+        self._remember(offset, ts)
+
     def _resume_point(self, from_offset: int) -> tuple[int, int]:
         """Where to start reading to know the ts before ``from_offset``: the
         offset to fetch from and the ts of the record before it."""
@@ -472,15 +521,16 @@ class KafkaLedger:
             for old in list(known)[: _KNOWN_TS_LIMIT // 4]:
                 del known[old]
 
-    def _consumer(self, follow: bool) -> Any:
-        # A follower's fetch waits at the broker for new records; a read to the
-        # tail wants the broker's "nothing more" quickly.
+    def _consumer(self, fetch_wait_ms: int) -> Any:
+        # A follower's fetch waits at the broker for new records (poll_ms); a read
+        # to the tail wants the broker's "nothing more" soon (50 ms, longer when
+        # the broker turns out to answer slowly).
         return AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
-            fetch_max_wait_ms=self._poll_ms if follow else 10,
+            fetch_max_wait_ms=fetch_wait_ms,
             fetch_max_bytes=FETCH_BYTES,
             max_partition_fetch_bytes=FETCH_BYTES,
             request_timeout_ms=10_000,
