@@ -567,6 +567,9 @@ examples:
   quotaledger audit sim.db                                # explain and re-derive decisions
   quotaledger whatif sim.db --at 7 --change c.jsonl       # evictions a change would cause
   quotaledger bench fold --json
+  quotaledger init kafka://127.0.0.1:9092/quota-ledger   # a Kafka ledger (one partition)
+  quotaledger run kafka://127.0.0.1:9092/quota-ledger --snapshots ql-snapshots.db
+  quotaledger replay kafka://127.0.0.1:9092/quota-ledger --json
 """
 
 
