@@ -184,7 +184,7 @@ async def _ledger(
     try:
         projection = Projection()
         start = time.perf_counter()
-        async for batch in replayer.read_for_replay(0):
+        async for batch in replayer.read(0):
             fold(projection, [batch])
         projection.settled()
         replay_s = time.perf_counter() - start

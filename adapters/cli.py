@@ -131,8 +131,7 @@ async def fold_async(
 ) -> None:
     """Fold a ledger read asynchronously (Kafka) from ``start`` up to ``until``."""
     applied = 0
-    reader = getattr(ledger, "read_for_replay", ledger.read)  # Kafka: a reader process
-    async for batch in reader(start):
+    async for batch in ledger.read(start):
         if until.reached(batch[-1]):
             fold(projection, [batch], until)
             return

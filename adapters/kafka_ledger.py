@@ -484,23 +484,6 @@ class KafkaLedger:
                 " the topic was reset and re-initialised; refusing to mix two histories"
             )
 
-    def read_for_replay(self, from_offset: int = 0) -> AsyncIterator[list[Record]]:
-        """:meth:`read` to the tail, done by a second process (a replay folds on
-        this one's core): the same records. TLS ledgers are read here."""
-        if "ssl_context" in self._options:
-            return self.read(from_offset)
-        from .kafka_replay import read_in_process
-
-        return read_in_process(self, from_offset)
-
-    def resume_point(self, from_offset: int) -> tuple[int, int]:
-        """Where a read of ``from_offset`` starts and the ts before it (see below)."""
-        return self._resume_point(from_offset)
-
-    def remember_ts(self, offset: int, ts: int) -> None:
-        """Record that the record at ``offset`` has ledger ts ``ts``."""
-        self._remember(offset, ts)
-
     def _resume_point(self, from_offset: int) -> tuple[int, int]:
         """Where to start reading to know the ts before ``from_offset``: the
         offset to fetch from and the ts of the record before it."""

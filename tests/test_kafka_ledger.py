@@ -298,33 +298,3 @@ def test_engine_stops_when_a_memory_broker_restarts(topic: str) -> None:
         assert "Traceback" not in err
     finally:
         broker.close()
-
-
-async def test_replay_reader_process_reads_the_same_records(tansu: Tansu, topic: str) -> None:
-    """read_for_replay (a second process) yields exactly what read() does, ts included,
-    from the start and from the middle."""
-    ledger = await KafkaLedger.open(tansu.bootstrap, topic, opened_at_ms=500)
-    try:
-        await ledger.append(
-            [
-                Append(b'{"kind":"NodeRemoved","name":"a","at":"1970-01-01T00:00:02Z"}'),
-                Append(b"not json", ts=100),
-                *[Append(b'{"kind":"NodeRemoved","name":"b"}', ts=1_000 + i) for i in range(50)],
-            ]
-        )
-
-        async def collect(reader: Any) -> list[Record]:
-            out: list[Record] = []
-            async for batch in reader:
-                out.extend(batch)
-            return out
-
-        assert await collect(ledger.read_for_replay(0)) == await collect(ledger.read(0))
-        fresh = await KafkaLedger.open(tansu.bootstrap, topic, create=False)
-        try:
-            middle = await collect(fresh.read_for_replay(20))
-        finally:
-            await fresh.close()
-        assert middle == (await collect(ledger.read(0)))[20:]
-    finally:
-        await ledger.close()
