@@ -225,8 +225,12 @@ def test_rounds_up_to_the_next_integer(value: Decimal, suffix: str, resource: st
     resource=st.sampled_from(RESOURCES),
 )
 def test_exponent_form(mantissa: int, exponent: int, resource: str) -> None:
-    exact = Fraction(mantissa) * Fraction(10) ** exponent * scale(resource)
-    assert canonical_amount(resource, f"{mantissa}e{exponent}") == math.ceil(exact)
+    exact = math.ceil(Fraction(mantissa) * Fraction(10) ** exponent * scale(resource))
+    if exact > MAX_AMOUNT:  # DESIGN §9 bound
+        with pytest.raises(QuantityError, match="above the limit"):
+            canonical_amount(resource, f"{mantissa}e{exponent}")
+        return
+    assert canonical_amount(resource, f"{mantissa}e{exponent}") == exact
 
 
 @NO_DEADLINE
