@@ -341,8 +341,9 @@ def test_missing_file_is_a_usage_error(capsys: pytest.CaptureFixture[str], tmp_p
 
 
 def test_a_basis_behind_the_lagging_fold_refolds(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With a tiny buffer the lagging fold runs ahead of an old basis: it refolds
-    from offset 0 and still gives the state of a fresh fold through that basis."""
+    """With a tiny buffer the lagging fold folds nothing until asked, reads the
+    records the buffer dropped again from the source, refolds from offset 0 for
+    a basis behind it, and always gives the state of a fresh fold through that basis."""
     monkeypatch.setattr(audit_module, "BUFFER_LIMIT", 1)
     simulation = Simulation()
     lines = [line.encode() for line in QUOTA_DECREASE.read_text().splitlines() if line.strip()]
@@ -352,8 +353,8 @@ def test_a_basis_behind_the_lagging_fold_refolds(monkeypatch: pytest.MonkeyPatch
     lagging = _Lagging(lambda start: records[start:])
     for record in records:
         lagging.push(record)
-    assert lagging.projection.state.offset == len(records) - 2
-    for basis in (3, 7, 5, len(records) - 1):
+    assert lagging.projection.state.offset == -1
+    for basis in (3, 7, 5, 6, len(records) - 1, len(records) - 1, 0):
         fresh = Projection()
         for record in records[: basis + 1]:
             fresh.apply_record(record)
