@@ -1189,6 +1189,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--json", action="store_true", help="emit one JSON object")
     bench.add_argument(
+        "--cli-runs",
+        type=_positive_int,
+        default=2,
+        help="runs of replay/audit through the CLI, best kept (bench fold; default 2)",
+    )
+    bench.add_argument(
         "--quotas",
         type=_positive_int,
         default=10_000,
