@@ -76,6 +76,22 @@ def test_arrays_equal_dicts_after_every_event(history: list[Event]) -> None:
         assert_same_recompute(projection.settled())
 
 
+@PROPERTY
+@given(histories())
+def test_cached_tree_arrays_follow_every_change(history: list[Event]) -> None:
+    """One state recomputed on arrays after every event keeps its tree arrays
+    between events (patched on numbers-only quota edits, rebuilt when the shape
+    changes): it always equals a copy recomputed quota by quota."""
+    projection = fold([])
+    for offset, event in enumerate(history, start=1):
+        projection.apply(offset, offset, event)
+        reference = copy.deepcopy(projection.state)
+        recompute_all_dicts(reference)
+        assert recompute_arrays(projection.state)
+        assert derived(projection.state) == derived(reference)
+        assert state_json(projection.state) == state_json(reference)
+
+
 @settings(max_examples=40, deadline=None)
 @given(engine_facts())
 def test_arrays_equal_dicts_on_engine_made_histories(facts: Any) -> None:
