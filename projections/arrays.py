@@ -120,38 +120,64 @@ class _Terms:
     )
 
     def __init__(self, nodes: list[QuotaNode], keys: list[str]) -> None:
-        count = len(nodes)
         self.configs = [node.config for node in nodes]
         self.is_parent = np.array([node.is_parent for node in nodes], dtype=bool)
         self.keys = keys
+        every = [terms_for(node) for node in nodes]
         self.columns: dict[str, dict[str, Any]] = {}
         for key in keys:
-            self.columns[key] = {
-                name: np.zeros(
-                    count, dtype=bool if name.startswith(("has_", "masked")) else np.int64
-                )
-                for name in self.FIELDS
+            caps = [terms.caps.get(key) for terms in every]
+            lends = [terms.lending is not None and key in terms.lending for terms in every]
+            weights = [terms.weights.get(key) for terms in every]
+            int64 = {
+                "min": [terms.config.min.get(key, 0) for terms in every],
+                "reserved": [terms.reserved.get(key, 0) for terms in every],
+                "cap": [0 if cap is None else min(cap, _INT64_SUMS) for cap in caps],
+                "lend": [
+                    terms.lending.get(key, 0) if lend and terms.lending is not None else 0
+                    for terms, lend in zip(every, lends, strict=True)
+                ],
+                "weight": [0 if weight is None else weight for weight in weights],
             }
-        for row, node in enumerate(nodes):
-            self.patch(row, node)
+            flags = {
+                "masked": [terms.mask is not None and key not in terms.mask for terms in every],
+                "has_cap": [cap is not None for cap in caps],
+                "has_lend": lends,
+                "has_weight": [weight is not None for weight in weights],
+            }
+            columns = {name: np.array(values, dtype=np.int64) for name, values in int64.items()}
+            columns.update({name: np.array(values, dtype=bool) for name, values in flags.items()})
+            self.columns[key] = columns
+
+    def _values(self, node: QuotaNode) -> dict[str, tuple[Any, ...]]:
+        """Per resource, one row's values in :attr:`FIELDS` order."""
+        terms = terms_for(node)
+        mask, lending, config_min = terms.mask, terms.lending, node.config.min
+        out: dict[str, tuple[Any, ...]] = {}
+        for key in self.keys:
+            cap = terms.caps.get(key)
+            has_lend = lending is not None and key in lending
+            weight = terms.weights.get(key)
+            out[key] = (
+                config_min.get(key, 0),
+                mask is not None and key not in mask,
+                terms.reserved.get(key, 0),
+                0 if cap is None else min(cap, _INT64_SUMS),
+                cap is not None,
+                lending.get(key, 0) if has_lend and lending is not None else 0,
+                has_lend,
+                0 if weight is None else weight,
+                weight is not None,
+            )
+        return out
 
     def patch(self, row: int, node: QuotaNode) -> None:
-        terms = terms_for(node)
+        """Bring one row up to date with its quota's configuration."""
         self.configs[row] = node.config
-        for key, columns in self.columns.items():
-            columns["min"][row] = node.config.min.get(key, 0)
-            columns["masked"][row] = terms.mask is not None and key not in terms.mask
-            columns["reserved"][row] = terms.reserved.get(key, 0)
-            cap = terms.caps.get(key)
-            columns["has_cap"][row] = cap is not None
-            columns["cap"][row] = 0 if cap is None else min(cap, _INT64_SUMS)
-            lending = terms.lending
-            has_lend = lending is not None and key in lending
-            columns["has_lend"][row] = has_lend
-            columns["lend"][row] = lending.get(key, 0) if has_lend and lending is not None else 0
-            weight = terms.weights.get(key)
-            columns["has_weight"][row] = weight is not None
-            columns["weight"][row] = 0 if weight is None else weight
+        for key, values in self._values(node).items():
+            columns = self.columns[key]
+            for name, value in zip(self.FIELDS, values, strict=True):
+                columns[name][row] = value
 
 
 class TreeArrays:
