@@ -146,7 +146,8 @@ class _Lagging:
             buffer.popleft()
         if offset < basis and (not buffer or buffer[0].offset != offset + 1):
             # the records between the fold and the buffer are read again
-            until = min(basis, buffer[0].offset - 1 if buffer else basis)
+            # (never past what the main fold has passed, whatever the basis says)
+            until = min(basis, buffer[0].offset - 1 if buffer else self.fed)
             apply_record = self.projection.apply_record
             for record in self.source(offset + 1):
                 if record.offset > until:
