@@ -291,16 +291,20 @@ def _keys(
 
 def _pod_sums(nodes: list[QuotaNode]) -> dict[str, tuple[list[int], list[int]]]:
     """Per resource, each row's pod request and used sums (rows without pods: 0)."""
-    count = len(nodes)
-    out: dict[str, tuple[list[int], list[int]]] = {}
-    for row, node in enumerate(nodes):
-        for which, amounts in ((0, node.pod_request), (1, node.pod_used)):
-            for key, value in amounts.items():
-                pair = out.get(key)
-                if pair is None:
-                    pair = out[key] = ([0] * count, [0] * count)
-                pair[which][row] = value
-    return out
+    keys: set[str] = set()
+    requests = [node.pod_request for node in nodes]
+    used = [node.pod_used for node in nodes]
+    for amounts in requests:
+        keys.update(amounts)
+    for amounts in used:
+        keys.update(amounts)
+    return {
+        key: (
+            [amounts.get(key, 0) for amounts in requests],
+            [amounts.get(key, 0) for amounts in used],
+        )
+        for key in keys
+    }
 
 
 def recompute_arrays(state: ProjectedState) -> bool:
