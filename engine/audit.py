@@ -29,9 +29,9 @@ The digest chain (:class:`DigestAudit`) is checked in the same pass: every
 changed (between the last digest that matched and the first that does not).
 
 Pure apart from reading records through a callable: no clock, no writes. A
-second, lagging projection is advanced to each decision's basis; records between
-it and the main fold are buffered, and a basis older than the lagging fold (or
-than the buffer keeps) refolds it from offset 0.
+second, lagging projection is advanced to each decision's basis when a decision
+asks for it; the latest records are buffered, older ones read again from the
+source, and a basis older than the lagging fold refolds it from offset 0.
 """
 
 from __future__ import annotations
@@ -91,8 +91,8 @@ AUDITED = (
     PreemptionFinished,
 )
 
-#: Records kept between the lagging fold and the main one before the lagging
-#: fold is pushed forward (a basis older than that refolds from offset 0).
+#: Records the lagging fold keeps in memory; older ones are read again from the
+#: source when a basis needs them.
 BUFFER_LIMIT = 50_000
 
 RecordSource = Callable[[int], Iterable[Record]]
@@ -112,53 +112,50 @@ class _Expected:
 
 
 class _Lagging:
-    """A projection folded up to a basis, behind the main fold.
+    """A projection folded up to a basis, behind the main fold, lazily.
 
-    ``projection`` is at some offset p, ``buffer`` holds the records p+1..fed
-    that the main fold has passed. A basis before p, or records missing between
-    p and the buffer (a fold that started mid-ledger), refold from offset 0.
+    ``projection`` is at some offset p; ``buffer`` holds the latest records the
+    main fold has passed (at most :data:`BUFFER_LIMIT`; older ones are dropped,
+    not folded). Nothing is folded until a decision asks for its basis: then
+    the records p+1..basis are folded, from the buffer when it holds them and
+    read again from the source otherwise (issue #11: a ledger of facts alone
+    costs no second fold). A basis before p refolds from offset 0.
     """
 
     def __init__(self, source: RecordSource, fed: int = -1) -> None:
         self.source = source
         self.projection = Projection()
         self.fed = fed
-        self.buffer: deque[Record] = deque()  # records after projection's offset, in order
+        self.buffer: deque[Record] = deque()  # the latest records fed, in order
         self.refolds = 0
 
     def push(self, record: Record) -> None:
         self.buffer.append(record)
         self.fed = record.offset
-        while len(self.buffer) > BUFFER_LIMIT:
-            self.projection.apply_record(self.buffer.popleft())
+        if len(self.buffer) > BUFFER_LIMIT:
+            self.buffer.popleft()
 
     def at(self, basis: int) -> ProjectedState:
         """The state folded through ``basis`` (which the main fold has passed)."""
+        if basis < self.projection.state.offset:
+            self.refolds += 1
+            self.projection = Projection()
         offset = self.projection.state.offset
-        if basis < offset or (
-            basis > offset and (not self.buffer or self.buffer[0].offset != offset + 1)
-        ):
-            self._refold(basis)
-        while self.buffer and self.buffer[0].offset <= basis:
-            self.projection.apply_record(self.buffer.popleft())
+        buffer = self.buffer
+        while buffer and buffer[0].offset <= offset:
+            buffer.popleft()
+        if offset < basis and (not buffer or buffer[0].offset != offset + 1):
+            # the records between the fold and the buffer are read again
+            # (never past what the main fold has passed, whatever the basis says)
+            until = min(basis, buffer[0].offset - 1 if buffer else self.fed)
+            apply_record = self.projection.apply_record
+            for record in self.source(offset + 1):
+                if record.offset > until:
+                    break
+                apply_record(record)
+        while buffer and buffer[0].offset <= basis:
+            self.projection.apply_record(buffer.popleft())
         return self.projection.state
-
-    def _refold(self, basis: int) -> None:
-        self.refolds += 1
-        keep = list(self.buffer)
-        end = keep[0].offset if keep else self.fed + 1
-        projection = Projection()
-        pending: list[Record] = []
-        limit = min(basis, end - 1)  # the buffer holds the rest
-        for record in self.source(0):
-            if record.offset <= limit:
-                projection.apply_record(record)
-            elif record.offset < end:
-                pending.append(record)
-            else:
-                break
-        self.projection = projection
-        self.buffer = deque(pending + keep)
 
 
 # ----------------------------------------------------------------- the digest chain

@@ -8,15 +8,40 @@ it for decisions. Facts are canonicalised when decoded, never re-encoded, so
 
 from __future__ import annotations
 
-from typing import Any
+from functools import lru_cache
+from typing import Any, Union, get_args
 
 import msgspec
 
-from .model import Event
+from .model import Event, InputRL, PodUpserted
+from .quantity import canonical_list
 from .times import bounded_time
 
 _JSON_DECODER = msgspec.json.Decoder(Event)
 _JSON_ENCODER = msgspec.json.Encoder()
+
+
+class _WirePod(PodUpserted, tag="PodUpserted", gc=False):
+    """``PodUpserted`` as first decoded on the fast path: ``requests`` kept as
+    the exact bytes of its JSON value (a :class:`msgspec.Raw`), every other
+    field decoded and validated as :class:`PodUpserted` does. Same fields, same
+    layout: once ``requests`` is canonical the object becomes a plain
+    ``PodUpserted`` (``__class__`` assignment)."""
+
+    requests: msgspec.Raw = msgspec.Raw(b"{}")  # type: ignore[assignment]
+
+
+_WIRE_KINDS = (*(kind for kind in get_args(Event) if kind is not PodUpserted), _WirePod)
+_WIRE_DECODER: msgspec.json.Decoder[Any] = msgspec.json.Decoder(Union[_WIRE_KINDS])
+_REQUESTS_DECODER = msgspec.json.Decoder(InputRL)
+
+
+@lru_cache(maxsize=65536)
+def _canonical_requests(raw: bytes) -> dict[str, int]:
+    """The canonical list of one exact ``requests`` JSON text (memoised: a
+    workload repeats a few hundred). Raises on anything invalid; the caller
+    then takes the full path, which reports the error (DECISIONS 120)."""
+    return canonical_list("requests", _REQUESTS_DECODER.decode(raw))  # type: ignore[arg-type]
 
 
 class _KindOnly(msgspec.Struct):
@@ -54,6 +79,43 @@ def decode_event(payload: bytes | str) -> Event:
     reaches it: times within 1970 .. 9000 and made UTC when they carry no
     offset, delays ≤ ten years, amounts ≤ 2^62 (see ``times`` and ``quantity``).
     """
+    if isinstance(payload, bytes) and payload.isascii():
+        fast = _decode_wire(payload)
+        if fast is not None:
+            return fast
+    return _decode_full(payload)
+
+
+def _decode_wire(payload: bytes) -> Event | None:
+    """The fast path of :func:`decode_event` (issue #11; DECISIONS 120): the
+    pod's ``requests`` is canonicalised once per distinct JSON text. Returns
+    None whenever anything is off (invalid input included), so that the full
+    path decides, with its own error: the result is the full path's or nothing."""
+    try:
+        event: Any = _WIRE_DECODER.decode(payload)
+        if type(event) is _WirePod:
+            requests = _canonical_requests(bytes(event.requests))
+        else:
+            canonicalize = getattr(event, "canonicalize", None)
+            if canonicalize is not None:
+                canonicalize()
+    except (msgspec.DecodeError, ValueError, TypeError):  # ValidationError is a DecodeError
+        return None
+    at = event.at
+    if at is not None and (at.tzinfo is None or not 1970 < at.year < 9000):
+        return None
+    if type(event) is _WirePod:
+        created = event.created_at
+        if created is not None and (created.tzinfo is None or not 1970 < created.year < 9000):
+            return None
+        event.requests = requests  # type: ignore[assignment]
+        event.__class__ = PodUpserted  # type: ignore[assignment]
+    decoded: Event = event
+    return decoded
+
+
+def _decode_full(payload: bytes | str) -> Event:
+    """Decode, bound and canonicalise, raising :class:`EventError` naming the field."""
     try:
         if isinstance(payload, bytes) and not payload.isascii():
             # JSON text is UTF-8 (RFC 8259); msgspec checks the strings it keeps

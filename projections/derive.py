@@ -140,7 +140,18 @@ def _refill(state: ProjectedState) -> None:
 
 
 def recompute_all(state: ProjectedState) -> None:
-    """Recompute everything from the pod sums (snapshot restore, benchmarks).
+    """Recompute everything from the pod sums (snapshot restore, benchmarks), on
+    arrays (:mod:`.arrays`, issue #11); on a tree shape that path declines,
+    with :func:`recompute_all_dicts`. Both give the same numbers."""
+    from .arrays import recompute_arrays
+
+    if not recompute_arrays(state):
+        recompute_all_dicts(state)
+
+
+def recompute_all_dicts(state: ProjectedState) -> None:
+    """Recompute everything from the pod sums, quota by quota through ``settle``
+    (the reference the array path is tested against).
 
     Every quota is recomputed bottom-up and every parent (root included)
     re-filled, which assigns each derived field of each connected quota; an

@@ -223,6 +223,11 @@ class ProjectedState:
     touched_pods: set[str] = field(default_factory=set)
     free_at_sample: RL = field(default_factory=dict)
     starving_full: bool = True
+    # the tree's shape: bumped whenever quotas are added, removed or moved, or
+    # change parent, is_parent or namespaces (``projections.arrays`` keeps its
+    # walk of the tree in ``tree_arrays`` while this stays the same)
+    tree_version: int = 0
+    tree_arrays: object = None
     # lazy recompute bookkeeping
     dirty: set[str] = field(default_factory=set)
     touched: set[str] = field(default_factory=set)  # changed since the clocks last looked

@@ -305,6 +305,7 @@ def put_quota(state: ProjectedState, config: QuotaUpserted) -> QuotaUpserted | N
         state.refill.add(name)
         _mark_parent_refill(state, config.parent)
         return previous
+    state.tree_version += 1
     if node is None:
         node = state.quotas[name] = QuotaNode(config=config)
     else:
@@ -328,6 +329,7 @@ def put_quota(state: ProjectedState, config: QuotaUpserted) -> QuotaUpserted | N
 def drop_quota(state: ProjectedState, name: str) -> None:
     """Remove a validated-removable quota (no children, no pods)."""
     node = state.quotas.pop(name)
+    state.tree_version += 1
     _discard(state.children_of, node.config.parent, name)
     for ns in node.config.namespaces:
         if state.namespace_claims.get(ns) == name:

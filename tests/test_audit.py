@@ -341,8 +341,9 @@ def test_missing_file_is_a_usage_error(capsys: pytest.CaptureFixture[str], tmp_p
 
 
 def test_a_basis_behind_the_lagging_fold_refolds(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With a tiny buffer the lagging fold runs ahead of an old basis: it refolds
-    from offset 0 and still gives the state of a fresh fold through that basis."""
+    """With a tiny buffer the lagging fold folds nothing until asked, reads the
+    records the buffer dropped again from the source, refolds from offset 0 for
+    a basis behind it, and always gives the state of a fresh fold through that basis."""
     monkeypatch.setattr(audit_module, "BUFFER_LIMIT", 1)
     simulation = Simulation()
     lines = [line.encode() for line in QUOTA_DECREASE.read_text().splitlines() if line.strip()]
@@ -352,8 +353,8 @@ def test_a_basis_behind_the_lagging_fold_refolds(monkeypatch: pytest.MonkeyPatch
     lagging = _Lagging(lambda start: records[start:])
     for record in records:
         lagging.push(record)
-    assert lagging.projection.state.offset == len(records) - 2
-    for basis in (3, 7, 5, len(records) - 1):
+    assert lagging.projection.state.offset == -1
+    for basis in (3, 7, 5, 6, len(records) - 1, len(records) - 1, 0):
         fresh = Projection()
         for record in records[: basis + 1]:
             fresh.apply_record(record)
@@ -383,3 +384,22 @@ def test_forged_clock_start_is_flagged(capsys: pytest.CaptureFixture[str], tmp_p
     assert code == 1
     flagged = [d for d in document["decisions"] if d["kind"] == "ClocksObserved" and d["problems"]]
     assert flagged[0]["problems"] == [f"team-b did not owe at basis #{first['basis']}"]
+
+
+def test_the_lagging_fold_never_reads_past_what_the_main_fold_passed() -> None:
+    """A (forged) basis beyond the records fed so far gives the state through the
+    last record fed, whether the buffer holds it or it must be read again."""
+    simulation = Simulation()
+    lines = [line.encode() for line in QUOTA_DECREASE.read_text().splitlines() if line.strip()]
+    simulation.run(zip([1_767_225_600_000] * len(lines), lines, strict=True))
+    records: list[Record] = simulation.records
+    through = Projection()
+    for record in records[:4]:
+        through.apply_record(record)
+    fresh = _Lagging(lambda start: records[start:], fed=3)  # a segment starting at 4
+    assert fresh.at(len(records) - 1).offset == 3
+    assert state_json(fresh.projection.state) == state_json(through.state)
+    buffered = _Lagging(lambda start: records[start:])
+    for record in records[:4]:
+        buffered.push(record)
+    assert buffered.at(len(records) - 1).offset == 3

@@ -24,6 +24,12 @@ FIGURES = (
     "read_events_per_s",
     "bytes_per_pod",
     "replay_10m_estimate_s",
+    "digest_chain_events_per_s",
+    "replay_1m_s",
+    "audit_1m_s",
+    "audit_1m_jobs2_s",
+    "audit_jobs2_vs_1",
+    "fold_vs_msgspec",
 )
 
 
@@ -33,7 +39,7 @@ def workload() -> Workload:
 
 
 def test_bench_fold_json(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "fold", "--json", *SMALL]) == 0
+    assert main(["bench", "fold", "--json", *SMALL, "--cli-runs", "1"]) == 0
     out = capsys.readouterr().out
     report: dict[str, Any] = json.loads(out)  # exactly one JSON object on stdout
     assert out.strip().count("\n") == 0
@@ -53,7 +59,7 @@ def test_bench_fold_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_bench_fold_table(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "fold", *SMALL, "--events", "500"]) == 0
+    assert main(["bench", "fold", *SMALL, "--events", "500", "--cli-runs", "1"]) == 0
     out = capsys.readouterr().out
     assert "fold" in out and "target" in out and "estimate" in out
 

@@ -213,6 +213,10 @@ def test_rounds_up_to_the_next_integer(value: Decimal, suffix: str, resource: st
         **{k: Fraction(v) for k, v in SUFFIXES.items()},
     }[suffix]
     exact = Fraction(decimal_text(value)) * multiplier * scale(resource)
+    if math.ceil(exact) > MAX_AMOUNT:  # DESIGN §9 bound
+        with pytest.raises(QuantityError, match="above the limit"):
+            canonical_amount(resource, decimal_text(value) + suffix)
+        return
     result = canonical_amount(resource, decimal_text(value) + suffix)
     assert exact <= result < exact + 1
     assert result == math.ceil(exact)

@@ -1,0 +1,195 @@
+"""The array recompute (``projections.arrays``) against the dictionary one it
+replaces in ``recompute_all`` (issue #11 item 2): every derived field of every
+quota, the cluster total and root's sums, the state hash and the state JSON,
+on generated histories, engine-made histories (decisions included) and amounts
+up to the 2^62 bound (DESIGN §9), where products leave int64 far behind."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quotaledger.events.codec import decode_event
+from quotaledger.events.model import (
+    Event,
+    NodeUpserted,
+    PodUpserted,
+    QuotaUpserted,
+    SettingsChanged,
+)
+from quotaledger.projections import Projection, state_json
+from quotaledger.projections.arrays import recompute_arrays
+from quotaledger.projections.derive import recompute_all_dicts
+from quotaledger.projections.state import ProjectedState
+from quotaledger.projections.view import state_hash
+
+from .scenarios import engine_facts, engine_run, fold, histories
+
+PROPERTY = settings(max_examples=150, deadline=None)
+DERIVED = (
+    "request",
+    "limited_request",
+    "used",
+    "subtree",
+    "local",
+    "usage",
+    "runtime",
+    "effective_min",
+)
+MAX = 2**62
+
+
+def derived(state: ProjectedState) -> dict[str, Any]:
+    return {
+        "quotas": {
+            name: {field: getattr(node, field) for field in DERIVED}
+            for name, node in state.quotas.items()
+        },
+        "cluster_total": state.cluster_total,
+        "root_subtree": state.root_subtree,
+        "root_usage": state.root_usage,
+        "touched": state.touched,
+        "pending": (state.dirty, state.refill, state.total_dirty),
+    }
+
+
+def assert_same_recompute(state: ProjectedState) -> None:
+    """Both recomputes of copies of ``state`` agree on everything."""
+    by_dicts, by_arrays = copy.deepcopy(state), copy.deepcopy(state)
+    recompute_all_dicts(by_dicts)
+    assert recompute_arrays(by_arrays)
+    assert derived(by_arrays) == derived(by_dicts)
+    assert state_hash(by_arrays) == state_hash(by_dicts)
+    assert state_json(by_arrays) == state_json(by_dicts)
+
+
+@PROPERTY
+@given(histories())
+def test_arrays_equal_dicts_after_every_event(history: list[Event]) -> None:
+    projection = fold([])
+    for offset, event in enumerate(history, start=1):
+        projection.apply(offset, offset, event)
+        assert_same_recompute(projection.state)  # unsettled: dirty quotas, unflushed sums
+        assert_same_recompute(projection.settled())
+
+
+@PROPERTY
+@given(histories())
+def test_cached_tree_arrays_follow_every_change(history: list[Event]) -> None:
+    """One state recomputed on arrays after every event keeps its tree arrays
+    between events (patched on numbers-only quota edits, rebuilt when the shape
+    changes): it always equals a copy recomputed quota by quota."""
+    projection = fold([])
+    for offset, event in enumerate(history, start=1):
+        projection.apply(offset, offset, event)
+        reference = copy.deepcopy(projection.state)
+        recompute_all_dicts(reference)
+        assert recompute_arrays(projection.state)
+        assert derived(projection.state) == derived(reference)
+        assert state_json(projection.state) == state_json(reference)
+
+
+@settings(max_examples=40, deadline=None)
+@given(engine_facts())
+def test_arrays_equal_dicts_on_engine_made_histories(facts: Any) -> None:
+    """Ledgers the engine wrote (preemptions, evictions, clocks): at every offset."""
+    projection = Projection()
+    for record in engine_run(facts).records:
+        projection.apply_record(record)
+        assert_same_recompute(projection.settled())
+
+
+# ------------------------------------------------------------------ big amounts
+
+BIG = st.one_of(
+    st.integers(min_value=0, max_value=MAX),
+    st.sampled_from([0, 1, 2, 3, MAX, MAX - 1, 2**56, 2**31, 2**32 + 1]),
+)
+NAMES = ["a", "b", "c", "d", "e", "f", "g"]
+KEYS = ["cpu", "memory"]
+big_rl = st.dictionaries(st.sampled_from(KEYS), BIG, max_size=2)
+
+
+@st.composite
+def big_histories(draw: st.DrawFn) -> list[Event]:
+    """A random tree (parents first) with amounts anywhere up to 2^62, nodes,
+    pods and min scaling on or off; invalid configurations are simply refused."""
+    events: list[Event] = [
+        SettingsChanged(min_scaling=draw(st.booleans())),
+        NodeUpserted(name="n1", allocatable=draw(big_rl)),
+        NodeUpserted(name="n2", allocatable=draw(big_rl)),
+    ]
+    parents = ["root"]
+    for name in NAMES[: draw(st.integers(1, len(NAMES)))]:
+        is_parent = draw(st.booleans())
+        events.append(
+            QuotaUpserted(
+                name=name,
+                parent=draw(st.sampled_from(parents)),
+                is_parent=is_parent,
+                min=draw(big_rl),
+                max=draw(st.none() | big_rl),
+                shared_weight=draw(st.none() | big_rl),
+                allow_lent=draw(st.booleans()),
+                lending_limit=draw(st.none() | big_rl),
+                borrowing_limit=draw(st.none() | big_rl),
+            )
+        )
+        if is_parent:
+            parents.append(name)
+    for i in range(draw(st.integers(0, 12))):
+        events.append(
+            PodUpserted(
+                uid=f"p{i}",
+                name=f"p{i}",
+                namespace=draw(st.sampled_from(NAMES)),
+                requests=draw(big_rl),
+                phase=draw(st.sampled_from(["Pending", "Running"])),
+                node=draw(st.sampled_from([None, "n1"])),
+            )
+        )
+    return events
+
+
+@settings(max_examples=300, deadline=None)
+@given(big_histories())
+def test_arrays_equal_dicts_with_amounts_up_to_the_bound(history: list[Event]) -> None:
+    projection = fold(history)
+    assert_same_recompute(projection.settled())
+
+
+def test_a_wide_level_with_big_weights_fills_exactly() -> None:
+    """Thirty borrowers under one parent, weights and amounts near 2^62: the
+    largest remainders and the capped rounds as ``distribute`` gives them."""
+    events: list[Event] = [
+        NodeUpserted(name="n", allocatable={"memory": MAX}),
+        QuotaUpserted(name="top", is_parent=True, min={"memory": 2**61}),
+    ]
+    for i in range(30):
+        name = f"q{i:02d}"
+        events.append(
+            QuotaUpserted(
+                name=name,
+                parent="top",
+                min={"memory": (i * 7919) % 1000},
+                shared_weight={"memory": MAX - i * 3 if i % 3 else 2**40 + i},
+            )
+        )
+        requests = {"memory": (2**57 // (i + 1)) + i}
+        events.append(PodUpserted(uid=name, name=name, namespace=name, requests=requests))
+    state = fold(events).settled()
+    assert not state.rejected
+    assert_same_recompute(state)
+
+
+def test_a_cycle_or_a_child_under_a_leaf_is_declined() -> None:
+    """Shapes the array path does not handle leave the state untouched."""
+    state = fold([QuotaUpserted(name="a", is_parent=True), QuotaUpserted(name="b", parent="a")])
+    settled = state.settled()
+    settled.quotas["a"].config = decode_event(b'{"kind":"QuotaUpserted","name":"a"}')  # type: ignore[assignment]
+    before = derived(settled)
+    assert not recompute_arrays(settled)
+    assert derived(settled) == before
