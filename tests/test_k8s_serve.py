@@ -16,10 +16,14 @@ from typing import Any
 import aiohttp
 import pytest
 
+from quotaledger.adapters.cli import build_parser
+from quotaledger.adapters.http_api import ServeOptions, serve
 from quotaledger.events.codec import decode_event, peek_kind
-from quotaledger.events.model import LeaderElected, PodUpserted
+from quotaledger.events.model import LeaderElected, PodUpserted, PreemptionFinished
 
 from .k8s_support import Rig, eventually, node, pod, records, rig
+from .test_k8s_rbac import check, rules
+from .test_k8s_replicas import seed
 
 LEASE = ["--lease-duration", "1", "--renew-deadline", "0.6", "--retry-period", "0.2"]
 
@@ -152,3 +156,38 @@ async def test_two_serve_replicas_one_leader_reads_everywhere_takeover(tmp_path:
         # the new leader's watcher was seeded from the ledger: nothing appended twice
         facts = await pod_facts(r)
         assert facts["uid-first"] == 1 and facts["uid-second"] == 1 and facts["uid-third"] == 1
+
+
+async def test_serve_on_a_cluster_uses_exactly_the_shipped_rbac(tmp_path: Path) -> None:
+    """``serve --kubeconfig --executor kubernetes`` makes only the calls deploy/kubernetes
+    grants, and uses every grant (as ``run`` does: the same run_on_cluster)."""
+    async with rig(tmp_path) as r:
+        await seed(r)
+        r.server.calls.clear()
+        args = build_parser().parse_args(
+            [
+                "serve", str(r.ledger_path), "--kubeconfig", str(r.kubeconfig), "--instance",
+                "rbac", "--executor", "kubernetes", "--listen", "127.0.0.1:0", *LEASE,
+                "--watch-timeout", "1",
+            ]
+        )  # fmt: skip
+        options = ServeOptions(port=0, executor=args.executor, instance=args.instance, cluster=args)
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(args.ledger, options, stop=stop, signals=False))
+
+        async def done() -> bool:
+            return any(
+                isinstance(decode_event(rec.payload), PreemptionFinished)
+                for rec in await records(r.ledger)
+            )
+
+        try:
+            await eventually(done, what="evictions done")
+            r.server.compact()  # the watcher re-lists
+            await asyncio.sleep(1.5)  # watches time out (1 s) and resume
+        finally:
+            stop.set()
+            await task
+        verbs = {(c.verb, c.resource) for c in r.server.calls}
+        assert {("create", "pods"), ("update", "leases"), ("get", "leases")} <= verbs
+        check(r.server.calls, rules("rbac.yaml"))
