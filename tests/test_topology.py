@@ -146,8 +146,11 @@ async def test_compose_topology_natively(tansu: Tansu, topic: str, tmp_path: Pat
             # the stream sees a fact POSTed onto the Kafka topic through the API
             async with session.get(base + "/v1/stream") as stream:
                 assert stream.status == 200
-                decrease = _quota("platform-api", "platform", 12, max={"cpu": 14})
-                decrease["preemption_delay_s"] = 0
+                # the demo's own decrease comes at 30 s with a 60 s delay; this one fires
+                # after 1 s (a delay of 0 would disarm the timer, DESIGN §6.1)
+                decrease = _quota(
+                    "platform-api", "platform", 12, max={"cpu": 14}, preemption_delay_s=1
+                )
                 async with session.post(
                     base + "/v1/events",
                     data=json.dumps(decrease).encode() + b"\n",
