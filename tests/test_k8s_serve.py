@@ -15,14 +15,16 @@ from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 
 from quotaledger.adapters.cli import build_parser
 from quotaledger.adapters.http_api import ServeOptions, serve
+from quotaledger.adapters.kubernetes.options import check_arguments, on_cluster
 from quotaledger.events.codec import decode_event, peek_kind
 from quotaledger.events.model import LeaderElected, PodUpserted, PreemptionFinished
 
 from .k8s_support import Rig, eventually, node, pod, records, rig
-from .test_k8s_rbac import check, rules
+from .test_k8s_rbac import DEPLOY, check, rules
 from .test_k8s_replicas import seed
 
 LEASE = ["--lease-duration", "1", "--renew-deadline", "0.6", "--retry-period", "0.2"]
@@ -191,3 +193,15 @@ async def test_serve_on_a_cluster_uses_exactly_the_shipped_rbac(tmp_path: Path) 
         verbs = {(c.verb, c.resource) for c in r.server.calls}
         assert {("create", "pods"), ("update", "leases"), ("get", "leases")} <= verbs
         check(r.server.calls, rules("rbac.yaml"))
+
+
+def test_the_deployment_args_are_a_serve_on_the_cluster() -> None:
+    """deploy/kubernetes runs ``serve ... --in-cluster``: the real parser takes it, and it
+    is a ``serve`` with the cluster options (before #10 ``serve`` refused --in-cluster)."""
+    deployment = next(yaml.safe_load_all((DEPLOY / "deployment.yaml").read_text()))
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    args = build_parser().parse_args(container["args"])
+    assert args.handler.__name__ == "cmd_serve"
+    assert on_cluster(args) and args.in_cluster
+    assert check_arguments(args) is None
+    assert args.executor == "log"
