@@ -191,3 +191,31 @@ async def test_compose_topology_natively(tansu: Tansu, topic: str, tmp_path: Pat
         await ledger.close()
     assert kinds[0] == "LedgerOpened"
     assert {"LeaderElected", "QuotaUpserted", "PodUpserted", "PreemptionStarted"} <= set(kinds)
+
+
+async def test_demo_on_kafka_serves_by_itself(tansu: Tansu, topic: str, tmp_path: Path) -> None:
+    """``demo --kafka URL`` (with its own serve, no --speed: 1 on Kafka) feeds the topic and
+    answers /readyz and /v1/tree; it ends by itself after --duration."""
+    argv = ["demo", "--kafka", tansu.url(topic), "--listen", "127.0.0.1:0", "--duration", "6"]
+    async with (
+        process(argv, tmp_path / "demo.log") as demo,
+        aiohttp.ClientSession() as session,
+    ):
+        assert demo.stdout is not None
+        first = (await asyncio.wait_for(demo.stdout.readline(), 60)).decode()
+        assert first.startswith("quotaledger demo serving http://"), (
+            first + (tmp_path / "demo.log").read_text()
+        )
+        base = first.split()[3].rstrip("/")
+
+        async def tree_ready() -> bool:
+            async with session.get(base + "/readyz") as ready:
+                if ready.status != 200:
+                    return False
+            async with session.get(base + "/v1/tree") as tree:
+                return "platform-api" in await tree.text()
+
+        await eventually(tree_ready, "the demo's tree served from Kafka")
+        rest = (await demo.stdout.read()).decode()
+        assert await demo.wait() == 0, (tmp_path / "demo.log").read_text()
+    assert "demo finished: decisions in the ledger: LeaderElected 1" in rest
