@@ -321,7 +321,10 @@ def add_demo_parser(commands: Any) -> None:
         help="HOST:PORT (default 127.0.0.1:8080)",
     )
     parser.add_argument(
-        "--speed", type=float, default=10.0, help="demo seconds per real second (default 10)"
+        "--speed",
+        type=float,
+        default=None,
+        help="demo seconds per real second (default 10; with --kafka 1, the only speed there)",
     )
     parser.add_argument(
         "--duration", type=float, metavar="S", help="stop after S real seconds (default: never)"
@@ -339,6 +342,8 @@ def add_demo_parser(commands: Any) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.speed is None:  # a Kafka ledger's time is the wall clock (DECISIONS 133)
+        args.speed = 1.0 if args.kafka is not None else 10.0
     if not args.speed > 0 or args.speed > 10_000:
         raise ServeError("--speed must be > 0 and at most 10000")
     if args.duration is not None and not args.duration > 0:

@@ -132,6 +132,9 @@ class ServeOptions:
     clock_ms: Callable[[], int] | None = None
     #: longest the reconciler sleeps without news (seconds)
     idle_poll_s: float = 0.5
+    #: the parsed ``--kubeconfig``/``--in-cluster`` options (DESIGN §12): engine and
+    #: watcher only while holding the Lease, reads on every replica
+    cluster: Any = None
 
 
 class Server:
@@ -156,6 +159,7 @@ class Server:
             clock_ms=options.clock_ms or wall_clock_ms,
         )
         self.leader_known = False
+        self._restored = False
         self.port: int | None = None
         self.listening = asyncio.Event()
         self._state_cache: tuple[int, bytes] | None = None
@@ -187,12 +191,59 @@ class Server:
         async with asyncio.TaskGroup() as group:
             if self.options.read_only:
                 group.create_task(self._follow_only(stop))
+            elif self.options.cluster is not None:
+                group.create_task(self._on_cluster(stop))
             else:
                 group.create_task(self.engine.run(stop, self._engine_ready))
             group.create_task(self._http(stop, announce))
 
     async def _engine_ready(self) -> None:
+        self._restored = True
         self.leader_known = True
+
+    async def _on_cluster(self, stop: asyncio.Event) -> None:
+        """DESIGN §12: the engine (and watcher) of this replica while it holds the
+        Lease; between terms it follows the ledger, so its reads stay fresh."""
+        from .kubernetes.client import ClusterConfigError
+        from .kubernetes.cluster import run_on_cluster
+        from .serve_cli import ServeError
+
+        try:
+            await run_on_cluster(
+                self.options.cluster,
+                self.ledger,
+                stop,
+                engine=self.engine,
+                between_terms=self._follow_between_terms,
+                on_term=self._engine_ready,
+            )
+        except ClusterConfigError as exc:
+            raise ServeError(str(exc)) from None
+
+    async def _follow_between_terms(self, taken: asyncio.Event) -> None:
+        """A replica without the Lease: fold the ledger (restored once) and follow
+        its tail until ``taken``; the leader state is known once restored."""
+
+        async def follow() -> None:
+            if not self._restored:
+                await self.engine.restore()
+                settle(self.state)
+                self._restored = True
+            self.leader_known = True
+            async for batch in self.ledger.read(self.state.offset + 1, follow=True):
+                apply = self.engine.fold.apply
+                for record in batch:
+                    apply(record)
+
+        task = asyncio.create_task(follow())
+        waiter = asyncio.create_task(taken.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def _follow_only(self, stop: asyncio.Event) -> None:
         """``--read-only``: fold the ledger and follow its tail; no decisions."""

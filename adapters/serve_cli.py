@@ -81,6 +81,8 @@ examples:
   QUOTALEDGER_TOKEN=s3cret quotaledger serve ledger.db --listen 0.0.0.0:8080
   quotaledger serve ledger.db --token-file /run/secrets/token --executor log
   quotaledger serve ledger.db --read-only --listen 127.0.0.1:9090   # a read replica
+  quotaledger serve kafka://kafka:9092/quotaledger --in-cluster --executor log
+      # one replica of several: the Lease holder runs engine + watcher, all serve reads
   curl -H "Authorization: Bearer s3cret" --data-binary @events.jsonl \\
        http://127.0.0.1:8080/v1/events
   curl http://127.0.0.1:8080/v1/quotas/team-a
@@ -113,9 +115,10 @@ def add_serve_parser(commands: Any) -> None:
     parser.add_argument("--token-file", metavar="F", help="file holding the bearer token")
     parser.add_argument(
         "--executor",
-        choices=["simulate", "log"],
+        choices=["simulate", "log", "kubernetes"],
         default="simulate",
-        help="how evictions are carried out (default: simulate)",
+        help="how evictions are carried out (default: simulate; kubernetes: the Eviction"
+        " API, with --kubeconfig or --in-cluster)",
     )
     parser.add_argument(
         "--read-only", action="store_true", help="follow and serve reads only: no engine, no writes"
@@ -124,13 +127,26 @@ def add_serve_parser(commands: Any) -> None:
     parser.add_argument(
         "--snapshots", metavar="PATH", help="local snapshot file of a Kafka ledger (DESIGN §10)"
     )
+    from .kubernetes.options import add_arguments as add_cluster_arguments
+
+    add_cluster_arguments(parser)
     parser.set_defaults(handler=cmd_serve)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from .http_api import ServeOptions, serve
+    from .kubernetes.options import check_arguments, on_cluster
 
+    problem = check_arguments(args)
+    if problem is not None:
+        raise ServeError(problem)
+    if args.read_only and on_cluster(args):
+        raise ServeError(
+            "--read-only serves reads without the engine; drop --kubeconfig/--in-cluster"
+            " (every replica on a cluster serves reads)"
+        )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
     host, port = parse_listen(args.listen)
     options = ServeOptions(
         host=host,
@@ -139,6 +155,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         executor=args.executor,
         read_only=args.read_only,
         instance=args.instance,
+        cluster=args if on_cluster(args) else None,
     )
     run_server(
         serve(args.ledger, options, announce=print_urls, snapshots=args.snapshots), args.listen

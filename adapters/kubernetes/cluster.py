@@ -7,6 +7,11 @@ changes are appended. When the Lease is lost (no renew within ``--renew-deadline
 stopped before any other replica can take the Lease, and the replica waits again. SIGTERM
 stops everything and releases the Lease.
 
+``run`` and ``serve`` both call :func:`run_on_cluster`. ``serve`` passes its one engine (its
+reads come from that engine's state, so it lives across terms), a follower that keeps the
+state fresh while the replica does not hold the Lease, and a hook for the start of each term
+(DECISIONS 130).
+
 The command-line options are in :mod:`.options` (no client import, so ``--help`` stays fast).
 """
 
@@ -17,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import sys
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from quotaledger.engine.live import (  # type: ignore[import-untyped,unused-ignore]
@@ -43,8 +49,26 @@ def _executor(args: argparse.Namespace, cluster: Cluster, ledger: Ledger) -> Exe
     return SimulateExecutor()
 
 
-async def run_on_cluster(args: argparse.Namespace, ledger: Ledger, stop: asyncio.Event) -> None:
-    """Until ``stop``: wait for the Lease, lead while holding it, repeat."""
+#: runs while the replica waits for the Lease; returns soon after its event is set
+BetweenTerms = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
+
+
+async def run_on_cluster(
+    args: argparse.Namespace,
+    ledger: Ledger,
+    stop: asyncio.Event,
+    *,
+    engine: LiveEngine | None = None,
+    between_terms: BetweenTerms | None = None,
+    on_term: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Until ``stop``: wait for the Lease, lead while holding it, repeat.
+
+    ``engine``: the one engine of every term (its executor is set per term); without
+    it each term builds its own. ``between_terms(taken)`` runs while waiting for the
+    Lease (a follower) and must return once ``taken`` is set; ``on_term()`` runs when
+    a term's engine has caught up and claimed its epoch.
+    """
     cluster = await connect(args.kubeconfig, args.in_cluster)
     elector = LeaseElector(
         cluster.coordination,
@@ -58,9 +82,9 @@ async def run_on_cluster(args: argparse.Namespace, ledger: Ledger, stop: asyncio
     _say(f"engine {args.instance} waiting for lease {cluster.namespace}/{args.lease_name}")
     try:
         while not stop.is_set():
-            if not await _first(elector.acquire(), stop):
+            if not await _wait_for_lease(elector, stop, between_terms):
                 break
-            await _lead(args, cluster, ledger, elector, stop)
+            await _lead(args, cluster, ledger, elector, stop, engine, on_term)
             if not stop.is_set():
                 _say(f"engine {args.instance} lost the lease; following")
     finally:
@@ -83,21 +107,50 @@ async def _first(work: Any, stop: asyncio.Event) -> bool:
     return False
 
 
+async def _wait_for_lease(
+    elector: LeaseElector, stop: asyncio.Event, between_terms: BetweenTerms | None
+) -> bool:
+    """Wait for the Lease (True) or ``stop`` (False), ``between_terms`` running meanwhile;
+    an error of ``between_terms`` (the ledger unreadable) ends the wait with that error."""
+    if between_terms is None:
+        return await _first(elector.acquire(), stop)
+    taken = asyncio.Event()
+    follower = asyncio.create_task(between_terms(taken))
+    waiting = asyncio.ensure_future(_first(elector.acquire(), stop))
+    try:
+        await asyncio.wait({follower, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        if follower.done():
+            follower.result()  # raises its error
+        return await waiting
+    finally:
+        taken.set()
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower
+
+
 async def _lead(
     args: argparse.Namespace,
     cluster: Cluster,
     ledger: Ledger,
     elector: LeaseElector,
     stop: asyncio.Event,
+    engine: LiveEngine | None = None,
+    on_term: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """One term: the engine and the watcher, until the Lease is lost or ``stop``."""
-    engine = LiveEngine(
-        ledger,
-        _executor(args, cluster, ledger),
-        instance=args.instance,
-        election=True,
-        snapshot_every=args.snapshot_every,
-    )
+    if engine is None:
+        engine = LiveEngine(
+            ledger,
+            _executor(args, cluster, ledger),
+            instance=args.instance,
+            election=True,
+            snapshot_every=args.snapshot_every,
+        )
+    else:
+        engine.executor = _executor(args, cluster, ledger)
     term_over = asyncio.Event()
     namespace, name = args.settings_configmap.split("/")
     options = WatchOptions(args.quota_source, (namespace, name), args.watch_timeout)
@@ -117,6 +170,8 @@ async def _lead(
         )
         watcher_task = asyncio.create_task(watcher.run())
         watcher_task.add_done_callback(lambda _: term_over.set())
+        if on_term is not None:
+            await on_term()
         _say(
             f"engine {args.instance} leading (epoch {engine.state.leader_epoch})"
             f" at offset {engine.state.offset}"
