@@ -26,7 +26,7 @@ import msgspec
 
 from quotaledger.engine.fold_loop import Until, fold, parse_until
 from quotaledger.engine.render import amounts, tree_text
-from quotaledger.engine.restore import ChainedFold, Restored, fold_records, restore
+from quotaledger.engine.restore import ChainedFold, Restored, restore
 from quotaledger.events.codec import encode_event, peek_kind
 from quotaledger.events.ledger import Append, LedgerError, Record, Snapshot
 from quotaledger.events.model import LedgerDigest, LedgerOpened
@@ -255,7 +255,7 @@ def fold_path(path: Path | str, args: argparse.Namespace) -> Restored:
             if until.offset is not None:
                 # Do not even read (and fail on) lines past the stop offset.
                 stream = itertools.islice(stream, until.offset + 1)
-            fold_records(chained, _batched(stream), until, progress)
+            fold(chained, _batched(stream), until, progress)
             progress.close()
             restored = Restored(chained)
     else:

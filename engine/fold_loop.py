@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Protocol
 
 from quotaledger.events.ledger import Record
 from quotaledger.events.times import epoch_ms
-from quotaledger.projections import Projection
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,13 +46,20 @@ def parse_until(text: str | None, option: str = "--until") -> Until:
     return Until(ts=epoch_ms(moment))
 
 
+class RecordFold(Protocol):
+    """What records are folded into: a :class:`Projection`, or a projection
+    with the digest chain (:class:`quotaledger.engine.restore.ChainedFold`)."""
+
+    def apply_record(self, record: Record) -> object: ...
+
+
 def fold(
-    projection: Projection,
+    projection: RecordFold,
     batches: Iterable[Iterable[Record]],
     until: Until = Until(),
     progress: Callable[[int], None] | None = None,
 ) -> int:
-    """Apply records until the stop point; return how many were applied."""
+    """Apply records until the stop point (not past it); return how many were applied."""
     applied = 0
     apply_record = projection.apply_record
     for batch in batches:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from quotaledger.events.codec import peek_kind
@@ -69,6 +69,8 @@ class ChainedFold:
             self._check(record.offset, event)
         return event
 
+    apply_record = apply  # a RecordFold (``fold_loop.fold``)
+
     def _check(self, offset: int, event: LedgerDigest) -> None:
         problem: str | None = None
         known = self.chain.at(event.through) if 0 <= event.through < offset else None
@@ -85,26 +87,6 @@ class ChainedFold:
             )
         if problem is not None and self.on_mismatch is not None:
             self.on_mismatch(problem)
-
-
-def fold_records(
-    fold: ChainedFold,
-    batches: Iterable[Iterable[Record]],
-    until: Until = FOREVER,
-    progress: Progress | None = None,
-) -> int:
-    """Apply records until the stop point (not past it); how many were applied."""
-    applied = 0
-    apply = fold.apply
-    for batch in batches:
-        for record in batch:
-            if until.reached(record):
-                return applied
-            apply(record)
-            applied += 1
-        if progress is not None:
-            progress(applied)
-    return applied
 
 
 @contextlib.asynccontextmanager
