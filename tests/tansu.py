@@ -47,6 +47,18 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
 
 
+def stop_process(proc: subprocess.Popen[bytes] | None) -> None:
+    """Terminate a process this module started (SIGKILL after 5 s), and reap it."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class Tansu:
     """One tansu broker process (memory storage unless ``storage`` says otherwise)."""
 
@@ -101,13 +113,7 @@ class Tansu:
         self.signal(signal.SIGKILL)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.proc = None
 
     def restart(self) -> None:
@@ -168,11 +174,5 @@ class Moto:
         }
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.proc = None

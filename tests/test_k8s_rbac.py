@@ -67,6 +67,29 @@ def check(calls: list[ApiCall], granted: list[tuple[str | None, dict[str, Any]]]
                     assert used, f"granted but never used: {verb} {group}/{resource} ({ns})"
 
 
+async def evict_relist_and_check(r: Any, task: asyncio.Task[Any], stop: asyncio.Event) -> None:
+    """Let ``task`` (run or serve on the cluster) finish its evictions and go
+    through a re-list, stop it, then check every API call it made against the
+    shipped ClusterRole and Role (``check``: allowed, and every grant used)."""
+
+    async def done() -> bool:
+        return any(
+            isinstance(decode_event(rec.payload), PreemptionFinished)
+            for rec in await records(r.ledger)
+        )
+
+    try:
+        await eventually(done, what="evictions done")
+        r.server.compact()  # the watcher re-lists
+        await asyncio.sleep(1.5)  # watches time out (1 s) and resume
+    finally:
+        stop.set()
+        await task
+    verbs = {(c.verb, c.resource) for c in r.server.calls}
+    assert {("create", "pods"), ("update", "leases"), ("get", "leases")} <= verbs
+    check(r.server.calls, rules("rbac.yaml"))
+
+
 async def test_run_on_a_cluster_uses_exactly_the_shipped_rbac(tmp_path: Path) -> None:
     async with rig(tmp_path) as r:
         await seed(r)
@@ -81,22 +104,7 @@ async def test_run_on_a_cluster_uses_exactly_the_shipped_rbac(tmp_path: Path) ->
         stop = asyncio.Event()
         task = asyncio.create_task(run_on_cluster(args, r.ledger, stop))
 
-        async def done() -> bool:
-            return any(
-                isinstance(decode_event(rec.payload), PreemptionFinished)
-                for rec in await records(r.ledger)
-            )
-
-        try:
-            await eventually(done, what="evictions done")
-            r.server.compact()  # the watcher re-lists
-            await asyncio.sleep(1.5)  # watches time out (1 s) and resume
-        finally:
-            stop.set()
-            await task
-        verbs = {(c.verb, c.resource) for c in r.server.calls}
-        assert {("create", "pods"), ("update", "leases"), ("get", "leases")} <= verbs
-        check(r.server.calls, rules("rbac.yaml"))
+        await evict_relist_and_check(r, task, stop)
 
 
 @pytest.mark.parametrize("source", ["koordinator", "kueue", "volcano", "yunikorn"])

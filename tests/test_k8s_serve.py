@@ -21,10 +21,10 @@ from quotaledger.adapters.cli import build_parser
 from quotaledger.adapters.http_api import ServeOptions, serve
 from quotaledger.adapters.kubernetes.options import check_arguments, on_cluster
 from quotaledger.events.codec import decode_event, peek_kind
-from quotaledger.events.model import LeaderElected, PodUpserted, PreemptionFinished
+from quotaledger.events.model import LeaderElected, PodUpserted
 
 from .k8s_support import Rig, eventually, node, pod, records, rig
-from .test_k8s_rbac import DEPLOY, check, rules
+from .test_k8s_rbac import DEPLOY, evict_relist_and_check
 from .test_k8s_replicas import seed
 
 LEASE = ["--lease-duration", "1", "--renew-deadline", "0.6", "--retry-period", "0.2"]
@@ -177,22 +177,7 @@ async def test_serve_on_a_cluster_uses_exactly_the_shipped_rbac(tmp_path: Path) 
         stop = asyncio.Event()
         task = asyncio.create_task(serve(args.ledger, options, stop=stop, signals=False))
 
-        async def done() -> bool:
-            return any(
-                isinstance(decode_event(rec.payload), PreemptionFinished)
-                for rec in await records(r.ledger)
-            )
-
-        try:
-            await eventually(done, what="evictions done")
-            r.server.compact()  # the watcher re-lists
-            await asyncio.sleep(1.5)  # watches time out (1 s) and resume
-        finally:
-            stop.set()
-            await task
-        verbs = {(c.verb, c.resource) for c in r.server.calls}
-        assert {("create", "pods"), ("update", "leases"), ("get", "leases")} <= verbs
-        check(r.server.calls, rules("rbac.yaml"))
+        await evict_relist_and_check(r, task, stop)
 
 
 def test_the_deployment_args_are_a_serve_on_the_cluster() -> None:
