@@ -124,6 +124,14 @@ class _Terms:
         self.is_parent = np.array([node.is_parent for node in nodes], dtype=bool)
         self.keys = keys
         every = [terms_for(node) for node in nodes]
+        #: rows whose cap (max, or min + borrowing_limit) is above 2^62: a
+        #: request (a sum of pods) may exceed that too, so a clipped cap would
+        #: decide; such a tree takes the exact dict path (``recompute_arrays``)
+        self.clipped: set[int] = {
+            row
+            for row, terms in enumerate(every)
+            if any(cap > _INT64_SUMS for cap in terms.caps.values())
+        }
         self.columns: dict[str, dict[str, Any]] = {}
         for key in keys:
             caps = [terms.caps.get(key) for terms in every]
@@ -174,6 +182,10 @@ class _Terms:
     def patch(self, row: int, node: QuotaNode) -> None:
         """Bring one row up to date with its quota's configuration."""
         self.configs[row] = node.config
+        if any(cap > _INT64_SUMS for cap in terms_for(node).caps.values()):
+            self.clipped.add(row)
+        else:
+            self.clipped.discard(row)
         for key, values in self._values(node).items():
             columns = self.columns[key]
             for name, value in zip(self.FIELDS, values, strict=True):
@@ -311,7 +323,7 @@ def recompute_arrays(state: ProjectedState) -> bool:
     """Recompute every derived number, as ``derive.recompute_all`` does; False
     (nothing changed) when the tree's shape is one this path declines."""
     tree = _tree_arrays(state)
-    if tree is None:
+    if tree is None or any(terms.clipped for terms in tree.terms):
         return False
     levels = tree.levels
     quotas = state.quotas
