@@ -33,6 +33,8 @@ class _WirePod(PodUpserted, tag="PodUpserted", gc=False):
 
 _WIRE_KINDS = (*(kind for kind in get_args(Event) if kind is not PodUpserted), _WirePod)
 _WIRE_DECODER: msgspec.json.Decoder[Any] = msgspec.json.Decoder(Union[_WIRE_KINDS])
+#: Kinds whose amounts ``canonicalize`` puts in canonical units after decoding.
+_CANONICALISED = frozenset(kind for kind in _WIRE_KINDS if hasattr(kind, "canonicalize"))
 _REQUESTS_DECODER = msgspec.json.Decoder(InputRL)
 
 
@@ -78,40 +80,34 @@ def decode_event(payload: bytes | str) -> Event:
     Bounds (§9) are applied here, so a fact the projection cannot hold never
     reaches it: times within 1970 .. 9000 and made UTC when they carry no
     offset, delays ≤ ten years, amounts ≤ 2^62 (see ``times`` and ``quantity``).
+
+    An ASCII payload first takes the fast path (issue #11; DECISIONS 120): the
+    pod's ``requests`` is canonicalised once per distinct JSON text. Whenever
+    anything is off there (invalid input included) the full path decides, with
+    its own error: the result is the full path's either way.
     """
-    if isinstance(payload, bytes) and payload.isascii():
-        fast = _decode_wire(payload)
-        if fast is not None:
-            return fast
-    return _decode_full(payload)
-
-
-def _decode_wire(payload: bytes) -> Event | None:
-    """The fast path of :func:`decode_event` (issue #11; DECISIONS 120): the
-    pod's ``requests`` is canonicalised once per distinct JSON text. Returns
-    None whenever anything is off (invalid input included), so that the full
-    path decides, with its own error: the result is the full path's or nothing."""
-    try:
-        event: Any = _WIRE_DECODER.decode(payload)
-        if type(event) is _WirePod:
-            requests = _canonical_requests(bytes(event.requests))
+    if payload.__class__ is bytes and payload.isascii():
+        try:
+            event: Any = _WIRE_DECODER.decode(payload)
+            kind = event.__class__
+            if kind is _WirePod:
+                requests = _canonical_requests(bytes(event.requests))
+            elif kind in _CANONICALISED:
+                event.canonicalize()
+        except (msgspec.DecodeError, ValueError, TypeError):  # ValidationError is a DecodeError
+            pass
         else:
-            canonicalize = getattr(event, "canonicalize", None)
-            if canonicalize is not None:
-                canonicalize()
-    except (msgspec.DecodeError, ValueError, TypeError):  # ValidationError is a DecodeError
-        return None
-    at = event.at
-    if at is not None and (at.tzinfo is None or not 1970 < at.year < 9000):
-        return None
-    if type(event) is _WirePod:
-        created = event.created_at
-        if created is not None and (created.tzinfo is None or not 1970 < created.year < 9000):
-            return None
-        event.requests = requests  # type: ignore[assignment]
-        event.__class__ = PodUpserted  # type: ignore[assignment]
-    decoded: Event = event
-    return decoded
+            at = event.at
+            if at is None or (at.tzinfo is not None and 1970 < at.year < 9000):
+                if kind is not _WirePod:
+                    decoded: Event = event
+                    return decoded
+                created = event.created_at
+                if created is None or (created.tzinfo is not None and 1970 < created.year < 9000):
+                    event.requests = requests
+                    event.__class__ = PodUpserted
+                    return event  # type: ignore[no-any-return]
+    return _decode_full(payload)
 
 
 def _decode_full(payload: bytes | str) -> Event:

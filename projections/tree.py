@@ -34,25 +34,33 @@ def compact(pod: PodUpserted, old: PodUpserted | None) -> None:
     version's equal values, so replacing it frees only what was just decoded.
     Pods are facts the projection never mutates otherwise: sharing is safe."""
     pod.at = None
-    if old is not None:
-        pod.uid = old.uid
-        if pod.created_at is not None and pod.created_at == old.created_at:
-            pod.created_at = old.created_at
-    if pod.name == pod.uid:
-        pod.name = pod.uid
-    elif old is not None and pod.name == old.name:
+    name, namespace, node, labels = pod.name, pod.namespace, pod.node, pod.labels
+    if old is None:
+        uid = pod.uid
+        if name == uid:
+            pod.name = uid
+        pod.namespace = intern(namespace)
+        if node is not None:
+            pod.node = intern(node)
+        if labels:
+            pod.labels = _shared_labels(tuple(labels.items()))
+        return
+    uid = pod.uid = old.uid
+    created = pod.created_at
+    if created is not None and created == old.created_at:
+        pod.created_at = old.created_at
+    if name == uid:
+        pod.name = uid
+    elif name == old.name:
         pod.name = old.name
-    if old is not None and pod.namespace == old.namespace:
-        pod.namespace = old.namespace
-    else:
-        pod.namespace = intern(pod.namespace)
-    if pod.node is not None:
-        pod.node = old.node if old is not None and pod.node == old.node else intern(pod.node)
-    if pod.labels:
-        if old is not None and pod.labels == old.labels:
-            pod.labels = old.labels
-        else:
-            pod.labels = _shared_labels(tuple(pod.labels.items()))
+    kept = old.namespace
+    pod.namespace = kept if namespace == kept else intern(namespace)
+    if node is not None:
+        kept_node = old.node
+        pod.node = kept_node if node == kept_node else intern(node)
+    if labels:
+        kept_labels = old.labels
+        pod.labels = kept_labels if labels == kept_labels else _shared_labels(tuple(labels.items()))
 
 
 @lru_cache(maxsize=4096)
@@ -183,13 +191,15 @@ def replace_pod(state: ProjectedState, old: PodUpserted, pod: PodUpserted) -> No
                 node.sums_stale = True
         mark_dirty(state, name)
     # the pending index holds exactly the active Pending pods without a node
-    was_pending = old.phase == "Pending" and not was_bound
-    pending = pod.phase == "Pending" and not bound
-    if (was_pending or pending) and (was_pending != pending or not same):
-        if was_pending:
+    was_pending = not was_bound and old.phase == "Pending"
+    pending = not bound and pod.phase == "Pending"
+    if was_pending:
+        if not pending:
             _unindex_pending(state, name, uid, old_requests)
-        if pending:
-            _index_pending(state, name, uid, requests)
+        elif not same:
+            _reindex_pending(state, uid, old_requests, requests)
+    elif pending:
+        _index_pending(state, name, uid, requests)
 
 
 def _index_pending(state: ProjectedState, name: str, uid: str, requests: RL) -> None:
@@ -208,6 +218,36 @@ def _index_pending(state: ProjectedState, name: str, uid: str, requests: RL) -> 
                 bucket = buckets[value] = set()
                 insort(state.pending_amounts.setdefault(key, []), value)
             bucket.add(uid)
+    state.touched_pods.add(uid)
+
+
+def _reindex_pending(state: ProjectedState, uid: str, old: RL, new: RL) -> None:
+    """A pod pending before and after with other requests: the same as
+    :func:`_unindex_pending` then :func:`_index_pending`, moving only the
+    amounts that changed (it stays in ``pending_pods`` and its quota's set,
+    and is re-checked at the next sample)."""
+    index, amounts_of = state.pending_index, state.pending_amounts
+    for key, value in old.items():
+        if value > 0 and new.get(key) != value:
+            buckets = index[key]
+            bucket = buckets[value]
+            bucket.discard(uid)
+            if not bucket:
+                del buckets[value]
+                amounts = amounts_of[key]
+                del amounts[bisect_left(amounts, value)]
+                if not buckets:
+                    del index[key], amounts_of[key]
+    for key, value in new.items():
+        if value > 0 and old.get(key) != value:
+            joined = index.get(key)
+            if joined is None:
+                joined = index[key] = {}
+            members = joined.get(value)
+            if members is None:
+                members = joined[value] = set()
+                insort(amounts_of.setdefault(key, []), value)
+            members.add(uid)
     state.touched_pods.add(uid)
 
 
