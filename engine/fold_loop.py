@@ -21,6 +21,11 @@ class Until:
     offset: int | None = None
     ts: int | None = None
 
+    @property
+    def endless(self) -> bool:
+        """No stop point: every record is folded."""
+        return self.offset is None and self.ts is None
+
     def reached(self, record: Record) -> bool:
         if self.offset is not None and record.offset > self.offset:
             return True
@@ -62,9 +67,10 @@ def fold(
     """Apply records until the stop point (not past it); return how many were applied."""
     applied = 0
     apply_record = projection.apply_record
+    endless = until.endless  # the usual replay: no check per record
     for batch in batches:
         for record in batch:
-            if until.reached(record):
+            if not endless and until.reached(record):
                 return applied
             apply_record(record)
             applied += 1

@@ -120,13 +120,20 @@ async def _fold_ledger(
     """
     start = fold.projection.state.offset + 1
     applied = 0
+    apply = fold.apply
+    endless = until.endless  # the usual replay: no check per record
     async with _reading(ledger, start) as batches:
         async for batch in batches:
-            for record in batch:
-                if until.reached(record):
-                    return
-                fold.apply(record)
-                applied += 1
+            if endless:
+                for record in batch:
+                    apply(record)
+                applied += len(batch)
+            else:
+                for record in batch:
+                    if until.reached(record):
+                        return
+                    apply(record)
+                    applied += 1
             if progress is not None:
                 progress(applied)
             await asyncio.sleep(0)
