@@ -96,3 +96,48 @@ def test_a_pending_pod_resized_keeps_shared_buckets() -> None:
     assert state.pending_index == {"cpu": {1000: {"p0"}, 2000: {"p1"}}, "memory": {3: {"p0", "p1"}}}
     assert state.pending_amounts == {"cpu": [1000, 2000], "memory": [3]}
     assert state.pending_by_quota == {"a": {"p0", "p1"}}
+
+
+def _evicted_and_finished(remove_before_finish: bool) -> list[dict[str, object]]:
+    """An overuse preemption of quota ``a`` evicts ``p0``; the pod's removal
+    comes before or after the preemption finishes (which holds ``a``'s clock)."""
+    pod = {"kind": "PodUpserted", "namespace": "a", "phase": "Running", "node": "n0"}
+    docs: list[dict[str, object]] = [
+        {**pod, "uid": "p0", "name": "p0", "requests": {"cpu": 3}},
+        {**pod, "uid": "p1", "name": "p1", "requests": {"cpu": 3}},
+        {"kind": "PreemptionStarted", "preemption_id": "x", "queue": "a", "cause": "overuse"}
+        | {"target": {"cpu": 3}, "basis": 5},
+        {"kind": "EvictionRequested", "eviction_id": "e", "preemption_id": "x"}
+        | {"pod_uid": "p0", "queue": "a"},
+        {"kind": "EvictionSucceeded", "eviction_id": "e"},
+    ]
+    finished = {"kind": "PreemptionFinished", "preemption_id": "x", "queue": "a"}
+    removed = {"kind": "PodRemoved", "uid": "p0"}
+    docs += [removed, finished | {"outcome": "complete"}]
+    if not remove_before_finish:
+        docs[-2:] = docs[-1:] + docs[-2:-1]
+    return docs
+
+
+def test_the_removal_answering_an_eviction_keeps_a_held_clock_held() -> None:
+    """§8 rule 29: the PodRemoved that answers an eviction does not release a
+    held clock; the next fact does."""
+    projection = Projection()
+    docs = SETUP + _evicted_and_finished(remove_before_finish=False)
+    for record in records(docs):
+        assert projection.apply_record(record) is not None
+    state = projection.state
+    assert state.owing_held == {"a"} and not state.evicted_pods
+    later = {"kind": "PodUpserted", "uid": "p1", "name": "p1", "namespace": "a"}
+    projection.apply_record(records([*docs, later])[-1])
+    assert not state.owing_held and "a" in state.touched
+
+
+def test_the_answer_to_an_eviction_is_consumed_with_nothing_held() -> None:
+    """The removal answers the eviction even while nothing is held: the later
+    finish holds the clock and no fact has released it."""
+    projection = Projection()
+    for record in records(SETUP + _evicted_and_finished(remove_before_finish=True)):
+        assert projection.apply_record(record) is not None
+    state = projection.state
+    assert not state.evicted_pods and state.owing_held == {"a"}
