@@ -71,6 +71,15 @@ class ChainedFold:
 
     apply_record = apply  # a RecordFold (``fold_loop.fold``)
 
+    def apply_all(self, records: list[Record]) -> None:
+        """:meth:`apply` each record in order (the replay loop, names bound once)."""
+        update, apply_record = self.chain.update, self.projection.apply_record
+        for record in records:
+            update(record)
+            event = apply_record(record)
+            if type(event) is LedgerDigest:
+                self._check(record.offset, event)
+
     def _check(self, offset: int, event: LedgerDigest) -> None:
         problem: str | None = None
         known = self.chain.at(event.through) if 0 <= event.through < offset else None
@@ -125,8 +134,7 @@ async def _fold_ledger(
     async with _reading(ledger, start) as batches:
         async for batch in batches:
             if endless:
-                for record in batch:
-                    apply(record)
+                fold.apply_all(batch)
                 applied += len(batch)
             else:
                 for record in batch:
