@@ -12,6 +12,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from quotaledger.events.codec import EventError, _decode_full, decode_event
 from quotaledger.events.ledger import Record
 from quotaledger.projections import Projection
 from quotaledger.projections.snapshot import dump, load
@@ -141,3 +142,43 @@ def test_the_answer_to_an_eviction_is_consumed_with_nothing_held() -> None:
         assert projection.apply_record(record) is not None
     state = projection.state
     assert not state.evicted_pods and state.owing_held == {"a"}
+
+
+AMOUNTS = st.one_of(
+    st.sampled_from(["1", "250m", "2Gi", "-1", "abc", "5Ei"]),
+    st.integers(min_value=-1, max_value=2**63),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.none(),
+)
+LISTS = st.one_of(st.none(), st.dictionaries(st.sampled_from(["cpu", "memory"]), AMOUNTS))
+TIMES = st.sampled_from(
+    [None, "2026-01-01T00:00:00Z", "2026-01-01T00:00:00", "0001-01-01T00:00:00Z"]
+)
+OTHER_KINDS = st.one_of(
+    st.fixed_dictionaries(
+        {"kind": st.just("QuotaUpserted"), "name": st.just("q"), "min": LISTS, "max": LISTS}
+    ),
+    st.fixed_dictionaries(
+        {"kind": st.just("NodeUpserted"), "name": st.just("n"), "allocatable": LISTS}
+    ),
+    st.fixed_dictionaries({"kind": st.just("PodRemoved"), "uid": st.sampled_from(["p", 3])}),
+    st.fixed_dictionaries({"kind": st.just("EvictionSucceeded"), "eviction_id": st.just("e")}),
+)
+
+
+def _outcome(payload: bytes, decode: object) -> tuple[object, ...]:
+    try:
+        event = decode(payload)  # type: ignore[operator]
+    except EventError as exc:
+        return ("error", exc.reason, exc.kind)
+    return ("event", type(event).__name__, msgspec.json.encode(event))
+
+
+@settings(max_examples=300, deadline=None)
+@given(OTHER_KINDS, TIMES)
+def test_decoding_any_kind_fast_equals_the_full_path(doc: dict[str, object], at: object) -> None:
+    """The decode fast path canonicalises every kind that has amounts and defers
+    anything odd to the full path: same event or same error (DECISIONS 120)."""
+    payload = msgspec.json.encode({**doc, "at": at})
+    assert _outcome(payload, decode_event) == _outcome(payload, _decode_full)
