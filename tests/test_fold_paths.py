@@ -8,6 +8,8 @@ equal the one a snapshot restore rebuilds from the pods alone.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,6 +19,8 @@ from quotaledger.events.ledger import Record
 from quotaledger.projections import Projection
 from quotaledger.projections.snapshot import dump, load
 
+#: An event as JSON-able data.
+Doc = dict[str, Any]
 RESOURCES = ["cpu", "memory", "nvidia.com/gpu"]
 PODS = ["p0", "p1", "p2", "p3"]
 INDEXES = (
@@ -48,7 +52,7 @@ upsert = st.fixed_dictionaries(
 removal = st.builds(lambda uid: {"kind": "PodRemoved", "uid": uid}, st.sampled_from(PODS))
 histories = st.lists(st.one_of(upsert, upsert, upsert, removal), min_size=1, max_size=60)
 
-SETUP = [
+SETUP: list[Doc] = [
     {"kind": "LedgerOpened", "ledger_id": "paths"},
     {"kind": "NodeUpserted", "name": "n0", "allocatable": {"cpu": 8, "memory": "16Gi"}},
     {"kind": "QuotaUpserted", "name": "a", "min": {"cpu": 2}},
@@ -56,14 +60,14 @@ SETUP = [
 ]
 
 
-def records(docs: list[dict[str, object]]) -> list[Record]:
+def records(docs: list[Doc]) -> list[Record]:
     encode = msgspec.json.Encoder().encode
     return [Record(offset=i, ts=i, payload=encode(doc)) for i, doc in enumerate(docs)]
 
 
 @settings(max_examples=300, deadline=None)
 @given(histories)
-def test_pod_indexes_after_every_upsert_equal_a_rebuild(history: list[dict[str, object]]) -> None:
+def test_pod_indexes_after_every_upsert_equal_a_rebuild(history: list[Doc]) -> None:
     projection = Projection()
     for record in records(SETUP + history):
         projection.apply_record(record)
@@ -81,7 +85,7 @@ def test_pod_indexes_after_every_upsert_equal_a_rebuild(history: list[dict[str, 
 def test_a_pending_pod_resized_keeps_shared_buckets() -> None:
     """Two pending pods share an amount; one of them changes only its other
     resource: the shared bucket keeps both, the changed one moves."""
-    docs: list[dict[str, object]] = [
+    docs: list[Doc] = [
         {"kind": "PodUpserted", "uid": uid, "name": uid, "namespace": "a", "requests": req}
         for uid, req in (
             ("p0", {"cpu": 1, "memory": "2Gi"}),
@@ -99,11 +103,11 @@ def test_a_pending_pod_resized_keeps_shared_buckets() -> None:
     assert state.pending_by_quota == {"a": {"p0", "p1"}}
 
 
-def _evicted_and_finished(remove_before_finish: bool) -> list[dict[str, object]]:
+def _evicted_and_finished(remove_before_finish: bool) -> list[Doc]:
     """An overuse preemption of quota ``a`` evicts ``p0``; the pod's removal
     comes before or after the preemption finishes (which holds ``a``'s clock)."""
     pod = {"kind": "PodUpserted", "namespace": "a", "phase": "Running", "node": "n0"}
-    docs: list[dict[str, object]] = [
+    docs: list[Doc] = [
         {**pod, "uid": "p0", "name": "p0", "requests": {"cpu": 3}},
         {**pod, "uid": "p1", "name": "p1", "requests": {"cpu": 3}},
         {"kind": "PreemptionStarted", "preemption_id": "x", "queue": "a", "cause": "overuse"}
@@ -167,9 +171,9 @@ OTHER_KINDS = st.one_of(
 )
 
 
-def _outcome(payload: bytes, decode: object) -> tuple[object, ...]:
+def _outcome(payload: bytes, decode: Any) -> tuple[object, ...]:
     try:
-        event = decode(payload)  # type: ignore[operator]
+        event = decode(payload)
     except EventError as exc:
         return ("error", exc.reason, exc.kind)
     return ("event", type(event).__name__, msgspec.json.encode(event))
@@ -177,7 +181,7 @@ def _outcome(payload: bytes, decode: object) -> tuple[object, ...]:
 
 @settings(max_examples=300, deadline=None)
 @given(OTHER_KINDS, TIMES)
-def test_decoding_any_kind_fast_equals_the_full_path(doc: dict[str, object], at: object) -> None:
+def test_decoding_any_kind_fast_equals_the_full_path(doc: Doc, at: object) -> None:
     """The decode fast path canonicalises every kind that has amounts and defers
     anything odd to the full path: same event or same error (DECISIONS 120)."""
     payload = msgspec.json.encode({**doc, "at": at})
