@@ -159,8 +159,11 @@ class PartitionFetcher:
         where: str,
         options: Mapping[str, Any],
         partition: int = 0,
+        fetch_bytes: int = FETCH_BYTES,
     ) -> None:
         self.where = where
+        #: Bytes asked for per fetch (a broker returns at least one whole batch).
+        self.fetch_bytes = fetch_bytes
         self._tp = TopicPartition(topic, partition)
         self._client = AIOKafkaClient(
             bootstrap_servers=list(bootstrap), request_timeout_ms=10_000, **options
@@ -178,7 +181,7 @@ class PartitionFetcher:
 
     async def fetch(self, position: int, wait_ms: int) -> Fetched:
         """Fetch from ``position``; the broker waits up to ``wait_ms`` for a first record."""
-        size = FETCH_BYTES
+        size = self.fetch_bytes
         while True:
             leader = self._client.cluster.leader_for_partition(self._tp)
             if leader is None or leader == -1:

@@ -150,6 +150,8 @@ class KafkaLedger:
         self.read_timeout_s = 30.0
         #: How long a read without follow waits for records the high watermark promises.
         self.tail_patience_s = 30.0
+        #: Bytes asked for per fetch.
+        self.fetch_bytes = FETCH_BYTES
 
     # ------------------------------------------------------------------ open
 
@@ -370,7 +372,9 @@ class KafkaLedger:
         response's end is known), so the broker works while the caller folds.
         """
         start, prev_ts = self._resume_point(from_offset)
-        reader = PartitionFetcher(self.bootstrap, self.topic, self.where, self._options)
+        reader = PartitionFetcher(
+            self.bootstrap, self.topic, self.where, self._options, fetch_bytes=self.fetch_bytes
+        )
         self._readers.add(reader)
         try:
             await reader.start()
