@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +27,7 @@ from hypothesis import strategies as st
 from quotaledger.adapters.kafka_fetch import Fetched, record_batches
 from quotaledger.adapters.kafka_ledger import KafkaLedger, LedgerGap, sequence
 from quotaledger.events.codec import decode_event
-from quotaledger.events.ledger import Append, LedgerError, LedgerMismatch, Record
+from quotaledger.events.ledger import Append, LedgerError, LedgerMismatch, Record, Snapshot
 from quotaledger.events.model import FactRejected
 from tests.tansu import Tansu
 
@@ -213,26 +214,37 @@ async def test_a_transaction_marker_in_the_partition_is_a_gap(tansu: Tansu, topi
         await ledger.close()
 
 
-async def test_reads_resume_inside_a_batch_with_the_same_ts(tansu: Tansu, topic: str) -> None:
-    """One Kafka batch of 40 records: a reader may start at any of them, knowing
-    the ts before it or not, with small fetches (one batch per response) or big."""
-    ledger = await KafkaLedger.open(tansu.bootstrap, topic, opened_at_ms=0)
+async def test_reads_resume_inside_a_batch_with_the_same_ts(
+    tansu: Tansu, topic: str, tmp_path: Path
+) -> None:
+    """One Kafka batch of 40 records: a reader restarting at any of them (from a
+    snapshot there, so its fetch starts inside the batch, or knowing nothing and
+    rescanning) reads the same records with the same ts, with small fetches (one
+    batch per response) or big ones."""
+    snapshots = str(tmp_path / "snapshots.db")
+    ledger = await KafkaLedger.open(tansu.bootstrap, topic, opened_at_ms=0, snapshots=snapshots)
     try:
         stamps = [(7 * i) % 23 * 100 for i in range(40)]
         await ledger.append([Append(value(i), ts=ts) for i, ts in enumerate(stamps)])
         await ledger.append([Append(value(40 + i), ts=3_000) for i in range(5)])
         whole = await read_all(ledger)
         assert [r.offset for r in whole] == list(range(46))
-        for start in (1, 2, 17, 40, 41, 45):
+        for start in (2, 17, 40, 41, 45):
+            await ledger.save_snapshot(Snapshot(offset=start - 1, blob=b"state"))
             for fetch_bytes in (64, 1 << 20):
                 fresh = await KafkaLedger.open(tansu.bootstrap, topic, create=False)
+                restarted = await KafkaLedger.open(
+                    tansu.bootstrap, topic, create=False, snapshots=snapshots
+                )
                 try:
-                    fresh.fetch_bytes = fetch_bytes
+                    fresh.fetch_bytes = restarted.fetch_bytes = fetch_bytes
                     assert await read_all(fresh, start) == whole[start:]
-                    # now the handle knows the ts before ``start``: no rescan from 0
-                    assert await read_all(fresh, start) == whole[start:]
+                    snapshot = await restarted.load_snapshot()
+                    assert snapshot is not None and snapshot.offset == start - 1
+                    assert await read_all(restarted, start) == whole[start:]
                 finally:
                     await fresh.close()
+                    await restarted.close()
     finally:
         await ledger.close()
 
