@@ -67,6 +67,9 @@ TOPIC_CONFIG = {"retention.ms": "-1", "cleanup.policy": "delete"}
 PRODUCER_BATCH_BYTES = 1_000_000
 #: How long the broker may wait for a first record on a read without follow (ms).
 TAIL_WAIT_MS = 50
+#: Fetch size of a look at record 0 (open, the idle follower's check every 2 s): a
+#: broker returns a first batch whole even when it is bigger.
+HEAD_FETCH_BYTES = 64 * 1024
 _KNOWN_TS_LIMIT = 4096
 
 
@@ -246,7 +249,9 @@ class KafkaLedger:
         return ledger
 
     async def _first_record(self, where: str) -> Record | None:
-        async for batch in self._read(0, follow=False, check_opened=False):
+        async for batch in self._read(
+            0, follow=False, check_opened=False, fetch_bytes=HEAD_FETCH_BYTES
+        ):
             return batch[0]
         return None
 
@@ -363,7 +368,12 @@ class KafkaLedger:
         return self._read(from_offset, follow=follow, check_opened=True)
 
     async def _read(
-        self, from_offset: int, *, follow: bool, check_opened: bool
+        self,
+        from_offset: int,
+        *,
+        follow: bool,
+        check_opened: bool,
+        fetch_bytes: int | None = None,
     ) -> AsyncIterator[list[Record]]:
         """Records from ``from_offset`` by Fetch requests (:mod:`.kafka_fetch`).
 
@@ -373,7 +383,11 @@ class KafkaLedger:
         """
         start, prev_ts = self._resume_point(from_offset)
         reader = PartitionFetcher(
-            self.bootstrap, self.topic, self.where, self._options, fetch_bytes=self.fetch_bytes
+            self.bootstrap,
+            self.topic,
+            self.where,
+            self._options,
+            fetch_bytes=self.fetch_bytes if fetch_bytes is None else fetch_bytes,
         )
         self._readers.add(reader)
         try:
