@@ -16,6 +16,9 @@ Rules this backend keeps, whatever the broker:
   needs the ts of the record before its start: it knows it from records it read
   or from a loaded snapshot (whose ts is stored with it), and otherwise rescans
   the timestamps from the nearest point it knows (at worst offset 0);
+* **reads are Fetch requests** sent through aiokafka's client, their record
+  batches walked straight into records (:mod:`.kafka_fetch`, DECISIONS 140): a
+  transaction marker (control batch) holds offsets but no record, so it is a gap;
 * **the tail is found by reading**: a read without ``follow`` ends at the first
   fetch that returns nothing. ``end_offsets``, ``offsets_for_times``,
   idempotent producers and transactions are never used (tansu reports end
@@ -405,7 +408,15 @@ class KafkaLedger:
                     if pending is None:
                         fetched = await reader.fetch(position, fetch_wait)
                     else:
-                        fetched = await pending
+                        try:
+                            fetched = await pending
+                        except asyncio.CancelledError:
+                            # close() cancels the fetch sent ahead: the read ends,
+                            # as it does when close() cuts a fetch awaited directly
+                            task = asyncio.current_task()
+                            if self._closed and (task is None or not task.cancelling()):
+                                return
+                            raise
                         pending = None
                 except KafkaError as exc:
                     # connection lost, leader moved, topic unknown for now: wait, ask again

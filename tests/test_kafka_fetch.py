@@ -308,3 +308,39 @@ async def test_out_of_range_answers_are_judged(tansu: Tansu, topic: str) -> None
         assert (tail.batches, tail.position, tail.highwater) == ([], 9, 9)
     finally:
         await ledger.close()
+
+
+async def test_closing_the_ledger_ends_a_follower_cleanly(tansu: Tansu, topic: str) -> None:
+    """A follower whose ledger is closed while its next fetch is in flight (sent
+    ahead while it handled a batch, waiting at the broker for new records) ends
+    its loop without an error; so does one closed between two batches."""
+    ledger = await KafkaLedger.open(tansu.bootstrap, topic, opened_at_ms=0, poll_ms=3000)
+    ledger.fetch_bytes = 64  # one batch per response: a fetch sent ahead after each
+    await ledger.append([Append(value(1))])
+    await ledger.append([Append(value(2))])
+    seen: list[int] = []
+    got_all = asyncio.Event()
+
+    async def follow() -> None:
+        async for batch in ledger.read(0, follow=True):
+            seen.extend(r.offset for r in batch)
+            if len(seen) == 3:
+                got_all.set()
+
+    task = asyncio.create_task(follow())
+    async with asyncio.timeout(30):
+        await got_all.wait()
+    await asyncio.sleep(0.2)  # the follower waits on the fetch sent ahead
+    await ledger.close()
+    async with asyncio.timeout(10):
+        await task  # ends, no CancelledError, no LedgerError
+    assert seen == [0, 1, 2]
+
+    again = await KafkaLedger.open(tansu.bootstrap, topic, create=False)
+    again.fetch_bytes = 64
+    offsets: list[int] = []
+    async for batch in again.read(0, follow=True):
+        offsets.extend(r.offset for r in batch)
+        if len(offsets) == 1:
+            await again.close()
+    assert offsets == [0]
