@@ -80,7 +80,7 @@ class LedgerGap(LedgerError):
     """The partition skips offsets: records were deleted, compacted or are markers."""
 
 
-class _AtOnly(msgspec.Struct):
+class _AtOnly(msgspec.Struct, gc=False):
     at: datetime | None = None
 
 
