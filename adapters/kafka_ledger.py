@@ -402,10 +402,11 @@ class KafkaLedger:
             checked = silent_since = answered = time.monotonic()
             failing = False
             pending: asyncio.Future[Fetched] | None = None
+            asked = time.monotonic()  # when the fetch now awaited was sent
             while not self._closed:
-                asked = time.monotonic()
                 try:
                     if pending is None:
+                        asked = time.monotonic()
                         fetched = await reader.fetch(position, fetch_wait)
                     else:
                         try:
@@ -483,6 +484,7 @@ class KafkaLedger:
                     return
                 silent_since = now
                 if fetched.position > position:
+                    asked = time.monotonic()
                     pending = reader.prefetch(fetched.position, fetch_wait)
                 if expected == 0 and check_opened:
                     head = _first_message(fetched.batches)
