@@ -24,7 +24,7 @@ from aiokafka.record.util import calc_crc32c  # type: ignore[import-untyped]
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quotaledger.adapters.kafka_fetch import Fetched, record_batches
+from quotaledger.adapters.kafka_fetch import Fetched, PartitionFetcher, record_batches
 from quotaledger.adapters.kafka_ledger import KafkaLedger, LedgerGap, sequence
 from quotaledger.events.codec import decode_event
 from quotaledger.events.ledger import Append, LedgerError, LedgerMismatch, Record, Snapshot
@@ -344,3 +344,20 @@ async def test_closing_the_ledger_ends_a_follower_cleanly(tansu: Tansu, topic: s
         if len(offsets) == 1:
             await again.close()
     assert offsets == [0]
+
+
+async def test_an_answer_without_the_partition_is_not_the_tail(tansu: Tansu, topic: str) -> None:
+    """tansu answers a fetch with no wait by an empty topic list: no high watermark,
+    so no reader takes it for the tail (it asks again); with a wait it answers."""
+    ledger = await KafkaLedger.open(tansu.bootstrap, topic, opened_at_ms=0)
+    fetcher = PartitionFetcher([tansu.bootstrap], topic, "k", {})
+    try:
+        await fetcher.start()
+        silent = await fetcher.fetch(0, 0)
+        assert (silent.batches, silent.highwater, silent.position) == ([], None, 0)
+        answered = await fetcher.fetch(0, 10)
+        assert answered.highwater == 1 and answered.position == 1
+        assert [m.offset for batch in answered.batches for m in batch] == [0]
+    finally:
+        await fetcher.close()
+        await ledger.close()
