@@ -285,6 +285,28 @@ async def test_a_read_without_broker_ends_with_a_clear_error(topic: str) -> None
         broker.close()
 
 
+async def test_a_broker_lost_mid_read_ends_the_read_with_a_clear_error(topic: str) -> None:
+    """A read without follow whose broker goes away after the first batch retries
+    for ``read_timeout_s`` and then says so; it never ends as if at the tail."""
+    broker = Tansu().start()
+    try:
+        ledger = await KafkaLedger.open(broker.bootstrap, topic, opened_at_ms=0)
+        for first in range(1, 31, 10):
+            await ledger.append([Append(value(first + i)) for i in range(10)])
+        ledger.fetch_bytes = 64  # one batch per fetch
+        ledger.read_timeout_s = 5.0  # longer than stopping the broker takes: it retries
+        seen: list[int] = []
+        with pytest.raises(LedgerError, match="no answer from the broker for 5 s"):
+            async for batch in ledger.read(0):
+                seen.extend(r.offset for r in batch)
+                if len(seen) == 1:
+                    broker.stop()
+        assert seen[0] == 0 and seen == list(range(len(seen))) and len(seen) < 31
+        await ledger.close()
+    finally:
+        broker.close()
+
+
 async def test_out_of_range_answers_are_judged(tansu: Tansu, topic: str) -> None:
     """OFFSET_OUT_OF_RANGE (Apache Kafka sends it, tansu does not): before the
     log start, a gap; beyond the end after this handle saw records there, a reset;
