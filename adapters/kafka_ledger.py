@@ -16,6 +16,9 @@ Rules this backend keeps, whatever the broker:
   needs the ts of the record before its start: it knows it from records it read
   or from a loaded snapshot (whose ts is stored with it), and otherwise rescans
   the timestamps from the nearest point it knows (at worst offset 0);
+* **reads are Fetch requests** sent through aiokafka's client, their record
+  batches walked straight into records (:mod:`.kafka_fetch`, DECISIONS 140): a
+  transaction marker (control batch) holds offsets but no record, so it is a gap;
 * **the tail is found by reading**: a read without ``follow`` ends at the first
   fetch that returns nothing. ``end_offsets``, ``offsets_for_times``,
   idempotent producers and transactions are never used (tansu reports end
@@ -40,10 +43,10 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # type: ignore[import-untyped]
+from aiokafka import AIOKafkaProducer  # type: ignore[import-untyped]
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
 from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
 
@@ -51,9 +54,10 @@ from quotaledger.events.codec import EventError, decode_event, encode_event
 from quotaledger.events.ledger import Append, LedgerError, LedgerMismatch, Record, Snapshot
 from quotaledger.events.model import FactRejected, LedgerOpened
 
+from .kafka_fetch import FETCH_BYTES, Fetched, Message, PartitionFetcher
 from .snapshot_store import SnapshotStore
 
-__all__ = ["KafkaLedger", "LedgerGap", "wall_clock_ms"]
+__all__ = ["FETCH_BYTES", "KafkaLedger", "LedgerGap", "wall_clock_ms"]
 
 log = logging.getLogger("quotaledger.kafka")
 
@@ -64,7 +68,11 @@ _MAX_TS = (datetime(9000, 1, 1, tzinfo=UTC) - _EPOCH) // timedelta(milliseconds=
 TOPIC_CONFIG = {"retention.ms": "-1", "cleanup.policy": "delete"}
 #: Bigger batches than aiokafka's defaults: a ledger is read and written in bulk.
 PRODUCER_BATCH_BYTES = 1_000_000
-FETCH_BYTES = 16 * 1024 * 1024
+#: How long the broker may wait for a first record on a read without follow (ms).
+TAIL_WAIT_MS = 50
+#: Fetch size of a look at record 0 (open, the idle follower's check every 2 s): a
+#: broker returns a first batch whole even when it is bigger.
+HEAD_FETCH_BYTES = 64 * 1024
 _KNOWN_TS_LIMIT = 4096
 
 
@@ -72,7 +80,7 @@ class LedgerGap(LedgerError):
     """The partition skips offsets: records were deleted, compacted or are markers."""
 
 
-class _AtOnly(msgspec.Struct):
+class _AtOnly(msgspec.Struct, gc=False):
     at: datetime | None = None
 
 
@@ -139,7 +147,7 @@ class KafkaLedger:
         self._known_ts: dict[int, int] = {}
         self._max_offset = -1
         self._closed = False
-        self._readers: set[Any] = set()
+        self._readers: set[PartitionFetcher] = set()
         #: Appends that were sent again after a broker error (each may have duplicated).
         self.append_retries = 0
         #: How often an idle follower checks that record 0 is still there (seconds).
@@ -148,6 +156,8 @@ class KafkaLedger:
         self.read_timeout_s = 30.0
         #: How long a read without follow waits for records the high watermark promises.
         self.tail_patience_s = 30.0
+        #: Bytes asked for per fetch.
+        self.fetch_bytes = FETCH_BYTES
 
     # ------------------------------------------------------------------ open
 
@@ -242,7 +252,9 @@ class KafkaLedger:
         return ledger
 
     async def _first_record(self, where: str) -> Record | None:
-        async for batch in self._read(0, follow=False, check_opened=False):
+        async for batch in self._read(
+            0, follow=False, check_opened=False, fetch_bytes=HEAD_FETCH_BYTES
+        ):
             return batch[0]
         return None
 
@@ -359,71 +371,106 @@ class KafkaLedger:
         return self._read(from_offset, follow=follow, check_opened=True)
 
     async def _read(
-        self, from_offset: int, *, follow: bool, check_opened: bool
+        self,
+        from_offset: int,
+        *,
+        follow: bool,
+        check_opened: bool,
+        fetch_bytes: int | None = None,
     ) -> AsyncIterator[list[Record]]:
+        """Records from ``from_offset`` by Fetch requests (:mod:`.kafka_fetch`).
+
+        While the records of one response are walked and handed out, the fetch
+        of the next is already on its way (one prefetch, sent as soon as a
+        response's end is known), so the broker works while the caller folds.
+        """
         start, prev_ts = self._resume_point(from_offset)
-        fetch_wait = self._poll_ms if follow else 50
-        consumer = self._consumer(fetch_wait)
-        tp = TopicPartition(self.topic, 0)
-        self._readers.add(consumer)
+        reader = PartitionFetcher(
+            self.bootstrap,
+            self.topic,
+            self.where,
+            self._options,
+            fetch_bytes=self.fetch_bytes if fetch_bytes is None else fetch_bytes,
+        )
+        self._readers.add(reader)
         try:
-            try:
-                await consumer.start()
-            except KafkaError as exc:
-                raise LedgerError(f"{self.where}: cannot connect: {exc}") from None
-            consumer.assign([tp])
-            consumer.seek(tp, start)
-            expected = start
-            wait_ms = self._poll_ms * 3 if follow else 150
-            checked = time.monotonic()
-            silent_since = time.monotonic()
+            await reader.start()
+            # ``position``: where the next fetch starts; ``expected``: the next
+            # ledger offset. They differ after a control batch (a gap, §10).
+            position = expected = start
+            fetch_wait = self._poll_ms if follow else TAIL_WAIT_MS
+            checked = silent_since = answered = time.monotonic()
+            failing = False
+            pending: asyncio.Future[Fetched] | None = None
+            asked = time.monotonic()  # when the fetch now awaited was sent
             while not self._closed:
                 try:
-                    fetched = await consumer.getmany(tp, timeout_ms=wait_ms)
+                    if pending is None:
+                        asked = time.monotonic()
+                        fetched = await reader.fetch(position, fetch_wait)
+                    else:
+                        try:
+                            fetched = await pending
+                        except asyncio.CancelledError:
+                            # close() cancels the fetch sent ahead: the read ends,
+                            # as it does when close() cuts a fetch awaited directly
+                            task = asyncio.current_task()
+                            if self._closed and (task is None or not task.cancelling()):
+                                return
+                            raise
+                        pending = None
                 except KafkaError as exc:
-                    if not follow:
-                        raise LedgerError(f"{self.where}: read failed: {exc}") from None
-                    log.warning("%s: read failed (%s); retrying", self.where, exc)
+                    # connection lost, leader moved, topic unknown for now: wait, ask again
+                    pending = None
+                    if self._closed:
+                        return
+                    if not follow and time.monotonic() - answered > self.read_timeout_s:
+                        raise LedgerError(
+                            f"{self.where}: no answer from the broker for"
+                            f" {self.read_timeout_s:.0f} s ({exc})"
+                        ) from None
+                    if not failing:
+                        log.warning("%s: read failed (%s); retrying", self.where, exc)
+                        failing = True
                     await asyncio.sleep(0.2)
                     continue
-                messages = fetched.get(tp, [])
-                if not messages:
-                    now = time.monotonic()
+                now = answered = time.monotonic()
+                if failing:
+                    log.info("%s: reading again", self.where)
+                    failing = False
+                if fetched.out_of_range:
+                    fetched = self._out_of_range(fetched, position)
+                if not fetched.batches:
+                    position = fetched.position  # past control batches, if any
+                    # A broker that answers at once with nothing must not make
+                    # this a busy loop: at least the fetch wait between asks.
+                    idle = fetch_wait / 1000 - (now - asked)
+                    if idle > 0:
+                        await asyncio.sleep(idle)
+                        now = time.monotonic()
                     if follow:
                         if now - checked >= self.reset_check_s:
                             checked = now
                             await self._verify_head()
                         continue
-                    high = consumer.highwater(tp)
+                    high = fetched.highwater
                     if high is None:
-                        # No fetch answered yet (broker down or slow): not the tail.
+                        # The answer did not cover the partition: not the tail.
                         if now - silent_since > self.read_timeout_s:
                             raise LedgerError(
                                 f"{self.where}: no answer from the broker for"
                                 f" {self.read_timeout_s:.0f} s"
                             )
                         continue
-                    if high > expected and fetch_wait < 2000:
+                    if high > position and fetch_wait < 2000:
                         # Records are promised but the fetch came back empty: a broker
                         # reading slow storage (tansu on s3) answers at the fetch wait.
-                        # Ask again with a longer one (a new consumer: aiokafka fixes it).
+                        # Ask again with a longer one (DECISIONS 79).
                         fetch_wait = min(fetch_wait * 4, 2000)
-                        wait_ms = fetch_wait * 3
-                        self._readers.discard(consumer)
-                        with contextlib.suppress(Exception):
-                            await consumer.stop()
-                        consumer = self._consumer(fetch_wait)
-                        self._readers.add(consumer)
-                        try:
-                            await consumer.start()
-                        except KafkaError as exc:
-                            raise LedgerError(f"{self.where}: cannot connect: {exc}") from None
-                        consumer.assign([tp])
-                        consumer.seek(tp, expected)
                         continue
-                    if high > expected and now - silent_since <= self.tail_patience_s:
+                    if high > position and now - silent_since <= self.tail_patience_s:
                         continue  # the broker says more is there: fetch again
-                    if high > expected:
+                    if high > position:
                         # tansu after a crash may report a high watermark past the
                         # records it kept: what exists has been read.
                         log.warning(
@@ -435,14 +482,18 @@ class KafkaLedger:
                             self.tail_patience_s,
                         )
                     return
-                silent_since = time.monotonic()
+                silent_since = now
+                if fetched.position > position:
+                    asked = time.monotonic()
+                    pending = reader.prefetch(fetched.position, fetch_wait)
                 if expected == 0 and check_opened:
-                    first = messages[0]
-                    if first.offset == 0:
-                        self._check_opened(first.value or b"")
+                    head = _first_message(fetched.batches)
+                    if head.offset == 0:
+                        self._check_opened(head.value or b"")
+                position = fetched.position
                 records, expected, prev_ts = sequence(
                     self.where,
-                    messages,
+                    fetched.batches,
                     expected,
                     prev_ts,
                     from_offset,
@@ -454,9 +505,27 @@ class KafkaLedger:
                 if records:
                     yield records
         finally:
-            self._readers.discard(consumer)
-            with contextlib.suppress(Exception):
-                await consumer.stop()
+            self._readers.discard(reader)
+            await reader.close()
+
+    def _out_of_range(self, fetched: Fetched, position: int) -> Fetched:
+        """Judge the broker's OFFSET_OUT_OF_RANGE at ``position`` (tansu never
+        answers it; Apache Kafka does): before the log's start, records were
+        deleted; beyond its end after this handle saw a record there, the log
+        was reset; beyond its end otherwise, the tail (nothing is there yet)."""
+        if 0 <= position < fetched.log_start or (position == 0 and fetched.log_start < 0):
+            raise LedgerGap(
+                f"{self.where}: offset {position} is no longer in the partition (its log"
+                f" starts at offset {fetched.log_start}): records were deleted by retention"
+                " or compaction; a ledger must be gap-free"
+            )
+        if position <= self._max_offset + 1 and position > 0 and self._max_offset >= 0:
+            raise LedgerMismatch(
+                f"{self.where}: offset {position - 1} was read before, but the broker now"
+                f" says offset {position} is out of range: the log was reset (a broker that"
+                " lost its data?); refusing to mix two histories"
+            )
+        return Fetched([], position, position, fetched.log_start)
 
     async def _verify_head(self) -> None:
         """A follower idle at the tail checks record 0 is still this ledger's:
@@ -503,22 +572,6 @@ class KafkaLedger:
         if len(known) > _KNOWN_TS_LIMIT:
             for old in list(known)[: _KNOWN_TS_LIMIT // 4]:
                 del known[old]
-
-    def _consumer(self, fetch_wait_ms: int) -> Any:
-        # A follower's fetch waits at the broker for new records (poll_ms); a read
-        # to the tail wants the broker's "nothing more" soon (50 ms, longer when
-        # the broker turns out to answer slowly).
-        return AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            fetch_max_wait_ms=fetch_wait_ms,
-            fetch_max_bytes=FETCH_BYTES,
-            max_partition_fetch_bytes=FETCH_BYTES,
-            request_timeout_ms=10_000,
-            **self._options,
-        )
 
     async def last_offset(self) -> int:
         """Offset of the newest record (-1 for none), found by reading to the tail."""
@@ -568,9 +621,8 @@ class KafkaLedger:
         if self._closed:
             return
         self._closed = True
-        for consumer in list(self._readers):
-            with contextlib.suppress(Exception):
-                await consumer.stop()
+        for reader in list(self._readers):
+            await reader.close()
         with contextlib.suppress(Exception):
             await self._producer.stop()
         if self._snapshots is not None:
@@ -595,26 +647,16 @@ def gap_filler(offset: int) -> bytes:
     )
 
 
-class Message(Protocol):
-    """What :func:`sequence` reads of a consumed Kafka message."""
-
-    @property
-    def offset(self) -> int: ...
-    @property
-    def value(self) -> bytes | None: ...
-    @property
-    def timestamp(self) -> int: ...
-
-
 def sequence(
     where: str,
-    messages: Iterable[Message],
+    batches: Iterable[Iterable[Message]],
     expected: int,
     prev_ts: int,
     from_offset: int = 0,
     fill_gaps: bool = False,
 ) -> tuple[list[Record], int, int]:
-    """Kafka messages (``offset``, ``value``, ``timestamp``) as ledger records (§10).
+    """Kafka record batches (messages with ``offset``, ``value``, ``timestamp``)
+    as ledger records (§10).
 
     ``expected`` is the next offset, ``prev_ts`` the ts of the record before it.
     Offsets must follow each other (:class:`LedgerGap` on a skip,
@@ -628,37 +670,47 @@ def sequence(
     records: list[Record] = []
     append = records.append
     decode = _AT_DECODER.decode
-    for message in messages:
-        offset = message.offset
-        if offset != expected:
-            if not (fill_gaps and offset > expected > 0):
-                _broken(where, offset, expected)
-            log.warning("%s: offsets %d..%d hold no record; filled", where, expected, offset - 1)
-            for missing in range(expected, offset):
-                if missing >= from_offset:
-                    append(Record(missing, prev_ts, gap_filler(missing)))
-        value = message.value
-        if value is None:
-            value = b""
-        # value_ts(), inlined: this loop runs for every record read
-        ts = message.timestamp
-        try:
-            moment = decode(value).at
-        except msgspec.DecodeError:
-            moment = None
-        if moment is not None:
-            if moment.tzinfo is None:
-                moment = moment.replace(tzinfo=UTC)
-            at_ms = (moment - _EPOCH) // _MS
-            if 0 <= at_ms <= _MAX_TS:
-                ts = at_ms
-        if ts < prev_ts:
-            ts = prev_ts
-        prev_ts = ts
-        expected = offset + 1
-        if offset >= from_offset:
-            append(Record(offset, ts, value))
+    for batch in batches:
+        for message in batch:
+            offset = message.offset
+            if offset != expected:
+                if not (fill_gaps and offset > expected > 0):
+                    _broken(where, offset, expected)
+                log.warning(
+                    "%s: offsets %d..%d hold no record; filled", where, expected, offset - 1
+                )
+                for missing in range(expected, offset):
+                    if missing >= from_offset:
+                        append(Record(missing, prev_ts, gap_filler(missing)))
+            value = message.value
+            if value is None:
+                value = b""
+            # value_ts(), inlined: this loop runs for every record read
+            ts = message.timestamp
+            try:
+                moment = decode(value).at
+            except msgspec.DecodeError:
+                moment = None
+            if moment is not None:
+                if moment.tzinfo is None:
+                    moment = moment.replace(tzinfo=UTC)
+                at_ms = (moment - _EPOCH) // _MS
+                if 0 <= at_ms <= _MAX_TS:
+                    ts = at_ms
+            if ts < prev_ts:
+                ts = prev_ts
+            prev_ts = ts
+            expected = offset + 1
+            if offset >= from_offset:
+                append(Record(offset, ts, value))
     return records, expected, prev_ts
+
+
+def _first_message(batches: list[Iterable[Message]]) -> Message:
+    """The first record of fetched batches. aiokafka's batch readers iterate
+    once: the first batch becomes a list, so the walk still sees all of it."""
+    first = batches[0] = list(batches[0])
+    return first[0]
 
 
 def _broken(where: str, offset: int, expected: int) -> None:

@@ -74,7 +74,7 @@ class Msg(NamedTuple):
 def sequence(
     where: str, messages: list[tuple[int, bytes | None, int]], *args: Any
 ) -> tuple[list[Record], int, int]:
-    return sequence_messages(where, [Msg(*m) for m in messages], *args)
+    return sequence_messages(where, [[Msg(*m) for m in messages]], *args)
 
 
 def test_sequence_stops_at_a_gap_and_at_a_reset() -> None:
