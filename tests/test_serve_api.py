@@ -304,8 +304,9 @@ class _held:
     def __init__(self, run: object) -> None:
         self.gate = run.server.ledger.gate  # type: ignore[attr-defined]
 
-    async def __aenter__(self) -> None:
+    async def __aenter__(self) -> asyncio.Lock:
         await self.gate.acquire()
+        return self.gate  # type: ignore[no-any-return]
 
     async def __aexit__(self, *exc: object) -> None:
         self.gate.release()
@@ -368,9 +369,13 @@ async def test_quota_reads_wait_for_a_fold_but_not_for_a_reader_thread(tmp_path:
             assert response.status == 200
         release.set()
         assert await reader == run.server.state.offset
-        async with _held(run):  # as while a batch is folded
+        async with _held(run) as gate:  # as while a batch is folded
             pending = asyncio.create_task(run.session.get(url))
-            await asyncio.sleep(0.3)
+            # the request has reached the gate and queues on it (asyncio.Lock keeps
+            # its waiters in ``_waiters``): a sync point, not a while of wall time
+            async with asyncio.timeout(30):
+                while not getattr(gate, "_waiters", None) and not pending.done():
+                    await asyncio.sleep(0.01)
             assert not pending.done()
         response = await asyncio.wait_for(pending, 30)
         assert response.status == 200
