@@ -6,8 +6,18 @@ import itertools
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.tansu import Tansu
+
+# How long an example takes is the machine's business (a loaded 2-core CI runner
+# is many times slower than a workstation), never a test's outcome: no per-example
+# deadline and no "too slow" health check for any property test. Tests that name
+# their own settings inherit these.
+settings.register_profile(
+    "quotaledger", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("quotaledger")
 
 _TOPICS = itertools.count()
 

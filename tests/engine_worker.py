@@ -1,6 +1,6 @@
 """Helper process for the live-engine tests: one :class:`LiveEngine` per ledger, one loop.
 
-    python tests/engine_worker.py --instance NAME [--no-election] [--slow-ms LO HI]
+    python tests/engine_worker.py --instance NAME [--no-election] [--slow-ms LO HI] [--stall]
                                   [--append-delay-ms LO HI] [--seed N] [--poll S] [--idle S]
                                   LEDGER [LEDGER ...]
 
@@ -15,7 +15,10 @@ The executor is the simulate one (``EvictionSucceeded`` + ``PodRemoved``).
 With ``--slow-ms LO HI`` each eviction first prints
 ``drive LEDGER_NAME EVICTION_ID`` (flushed) and sleeps a random LO..HI ms, so
 a test can SIGKILL the process while evictions are in flight and see which
-ones were being driven. With ``--append-delay-ms LO HI`` every append of the
+ones were being driven. With ``--stall`` as well, the executor never returns
+after that line (the process is there to be SIGKILLed while driving: a test can
+then kill it mid-eviction on that line instead of at a chosen time). With
+``--append-delay-ms LO HI`` every append of the
 engine waits a random LO..HI ms first (a slow link to the ledger): a decision
 then lands a while after the state it was computed from, which widens the
 window in which two engines decide on states that miss each other's writes.
@@ -42,15 +45,20 @@ from quotaledger.projections.state import EvictionRun, ProjectedState
 class SlowSimulateExecutor(SimulateExecutor):
     """The simulate executor after a random pause; announces each eviction on stdout."""
 
-    def __init__(self, name: str, rng: random.Random, low_ms: float, high_ms: float) -> None:
+    def __init__(
+        self, name: str, rng: random.Random, low_ms: float, high_ms: float, stall: bool = False
+    ) -> None:
         self.name = name
         self.rng = rng
         self.low_ms = low_ms
         self.high_ms = high_ms
+        self.stall = stall
 
     async def evict(self, eviction: EvictionRun, state: ProjectedState) -> list[Event]:
         sys.stdout.write(f"drive {self.name} {eviction.eviction_id}\n")
         sys.stdout.flush()
+        if self.stall:
+            await asyncio.Event().wait()
         await asyncio.sleep(self.rng.uniform(self.low_ms, self.high_ms) / 1000)
         return await super().evict(eviction, state)
 
@@ -95,7 +103,9 @@ async def _main(args: argparse.Namespace) -> None:
     for path, ledger in zip(args.ledgers, ledgers, strict=True):
         name = os.path.basename(path)
         executor = (
-            SlowSimulateExecutor(name, random.Random(rng.random()), *args.slow_ms)
+            SlowSimulateExecutor(
+                name, random.Random(rng.random()), args.slow_ms[0], args.slow_ms[1], args.stall
+            )
             if args.slow_ms
             else SimulateExecutor()
         )
@@ -126,6 +136,7 @@ def main() -> None:
     parser.add_argument("--instance", required=True)
     parser.add_argument("--no-election", action="store_true")
     parser.add_argument("--slow-ms", type=float, nargs=2, metavar=("LO", "HI"))
+    parser.add_argument("--stall", action="store_true", help="with --slow-ms: never return")
     parser.add_argument("--append-delay-ms", type=float, nargs=2, metavar=("LO", "HI"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--poll", type=float, default=0.02, help="follow poll interval (s)")

@@ -84,6 +84,18 @@ async def wait_ready(session: aiohttp.ClientSession, base: str, tries: int = 600
     raise AssertionError("server never became ready")
 
 
+async def facts_after(run: Running, offset: int) -> list[tuple[int, bytes]]:
+    """(offset, payload) of every fact (not an engine decision) after ``offset``: what a
+    client appended, whatever the engine may have appended meanwhile."""
+    from quotaledger.engine.audit import DECISION_KINDS
+    from quotaledger.events.codec import peek_kind
+
+    out = []
+    async for batch in run.ledger.read(offset + 1):
+        out += [(r.offset, r.payload) for r in batch if peek_kind(r.payload) not in DECISION_KINDS]
+    return out
+
+
 async def caught_up(run: Running, offset: int) -> None:
     """Wait until the server has folded ``offset``."""
     for _ in range(600):

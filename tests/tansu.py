@@ -36,7 +36,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    """Wait until ``port`` accepts connections (a hang guard: a first start on a
+    fresh, loaded machine may take many seconds)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -99,7 +101,11 @@ class Tansu:
             )
         finally:
             log.close()
-        wait_port(self.port, self.proc)
+        try:
+            wait_port(self.port, self.proc)
+        except RuntimeError as exc:
+            self.stop()
+            raise RuntimeError(f"tansu did not start: {exc}\n{self.log_text()}") from None
         return self
 
     def signal(self, signum: int) -> None:
@@ -150,7 +156,11 @@ class Moto:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        wait_port(self.port, self.proc)
+        try:
+            wait_port(self.port, self.proc)
+        except RuntimeError as exc:
+            self.stop()
+            raise RuntimeError(f"moto_server did not start: {exc}") from None
         import boto3  # type: ignore[import-untyped]
 
         client = boto3.client(

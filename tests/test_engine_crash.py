@@ -2,19 +2,22 @@
 
 Each trial runs one engine process (election on, a slow simulate executor that
 announces every eviction it starts) over its own ledger, lowers a queue's max,
-SIGKILLs the engine at a random point around the deadline, restarts it under
-the same instance name and waits until the ledger settles. Then:
+SIGKILLs the engine at a random point around the deadline (or, in every third
+trial around it, on the line the executor prints when it starts an eviction it
+will never finish: a kill mid-eviction by construction, not by luck of timing),
+restarts it under the same instance name and waits until the ledger settles.
+Then:
 
 * every accepted eviction has exactly one outcome, no pod is evicted twice and
   every preemption finished (``check_ledger``, independent of the guard);
 * the restarted engine drove every eviction left outstanding at the kill
   exactly once, and none that already had an outcome;
 * a deadline pending at the kill fired at its original time: no earlier than
-  the deadline and no later than 1.5 s after it, or, when the restarted engine
-  came up only after the deadline (the kill was late, or start-up slow), within
-  1.5 s of its being up. The 1.5 s are slack for scheduling on a loaded 2-core
-  machine, not a speed requirement: what is checked is that a restart never
-  re-arms the delay (on an idle machine the deadline fires within a few ms).
+  the deadline, and promptly: within a scheduling margin (5 s) of the deadline,
+  or of the restarted engine being up when that came later (on an idle machine
+  within a few ms). That a restart never re-arms the delay is checked exactly
+  by ``test_deadline_passed_while_down_fires_at_restart``: the decision comes
+  before a delay counted from the restart could have ended.
 """
 
 from __future__ import annotations
@@ -45,11 +48,14 @@ from .test_engine_guard import (
     stop_worker,
     wait_quiescent,
     wait_ready,
+    worker_err,
 )
 
 TRIALS = 50
 BEFORE = 15  # trials killed well before the deadline; the rest around it
-SLACK_MS = 1500
+#: "promptly" above: time a loaded machine may make the restarted engine wait
+#: for a CPU between being up (or the deadline) and its decision
+SCHEDULING_MARGIN_MS = 5000
 WORKER_ARGS = ("--slow-ms", "20", "300", "--poll", "0.01")
 
 
@@ -112,21 +118,31 @@ class Trial:
     notes: list[str] = field(default_factory=list)
 
 
-def run_trial(tmp_path: Path, i: int, delay: float, kill_after_ms: float) -> Trial:
-    """One kill/restart cycle; ``kill_after_ms`` counts from the decrease fact."""
+def run_trial(tmp_path: Path, i: int, delay: float, kill_after_ms: float | None) -> Trial:
+    """One kill/restart cycle; ``kill_after_ms`` counts from the decrease fact;
+    ``None``: the first engine's executor stalls, and the kill comes once it has
+    started an eviction."""
     rng = random.Random(i)
     path = tmp_path / f"c{i:02d}.db"
     setup, lowered = crash_scenario(rng, delay)
     append_facts([(path, setup)])
     first, second = tmp_path / f"c{i:02d}-1.out", tmp_path / f"c{i:02d}-2.out"
     trial = Trial()
+    stall = ("--stall",) if kill_after_ms is None else ()
     with reaped([]) as procs:
-        procs.append(spawn_worker([path], "engine", first, *WORKER_ARGS, "--seed", str(i)))
+        procs.append(spawn_worker([path], "engine", first, *WORKER_ARGS, *stall, "--seed", str(i)))
         wait_ready(procs[0], first)
         [[offset]] = append_facts([(path, [lowered])])
         fact_ts = read_records(path)[offset].ts
         deadline = fact_ts + round(delay * 1000)
-        time.sleep(max(0.0, (fact_ts + kill_after_ms - now_ms()) / 1000))
+        if kill_after_ms is None:
+            give_up = time.monotonic() + 60  # a hang guard
+            while not drives(first):
+                assert procs[0].poll() is None, worker_err(first)
+                assert time.monotonic() < give_up, "the stalled engine never drove an eviction"
+                time.sleep(0.005)
+        else:
+            time.sleep(max(0.0, (fact_ts + kill_after_ms - now_ms()) / 1000))
         procs[0].kill()
         assert procs[0].wait(timeout=10) < 0
         killed_ms = now_ms()
@@ -145,12 +161,14 @@ def run_trial(tmp_path: Path, i: int, delay: float, kill_after_ms: float) -> Tri
         procs.append(spawn_worker([path], "engine", second, *WORKER_ARGS, "--seed", str(i + 99)))
         up_ms = wait_ready(procs[1], second)
         trial.up_before_deadline = up_ms < deadline
-        wait_quiescent([path], procs[1:], [second], timeout=30)
+        wait_quiescent([path], procs[1:], [second], timeout=90)
         stop_worker(procs[1], second)
 
     records = read_records(path)
     checked = check_ledger(records)
     trial.evictions = checked.evictions
+    if kill_after_ms is None:  # killed while driving, by construction
+        assert trial.in_executor >= 1 and trial.unfinished, trial
     # the restart drove every eviction left outstanding exactly once, and no settled one
     again = drives(second)
     for eviction_id in outstanding:
@@ -167,7 +185,7 @@ def run_trial(tmp_path: Path, i: int, delay: float, kill_after_ms: float) -> Tri
         fired = starts[0]
         trial.fired_late_ms = fired - deadline
         assert fired >= deadline, f"fired {deadline - fired} ms before its deadline"
-        latest = max(deadline, up_ms) + SLACK_MS
+        latest = max(deadline, up_ms) + SCHEDULING_MARGIN_MS
         assert fired <= latest, (
             f"fired {fired - deadline} ms after its deadline "
             f"(restarted {restarted_ms - deadline} ms, up {up_ms - deadline} ms after it)"
@@ -178,14 +196,16 @@ def run_trial(tmp_path: Path, i: int, delay: float, kill_after_ms: float) -> Tri
 @pytest.mark.slow
 def test_sigkill_mid_preemption_and_restart(tmp_path: Path) -> None:
     """(b) 50 trials: outstanding evictions driven exactly once, deadlines on time."""
-    plan: list[tuple[float, float]] = []
+    plan: list[tuple[float, float | None]] = []
     for i in range(TRIALS):
         rng = random.Random(1000 + i)
-        if i < BEFORE:  # die well before a 2 s deadline, restart at once
-            plan.append((2.0, rng.uniform(200, 800)))
+        if i < BEFORE:  # die well before a 3 s deadline, restart at once
+            plan.append((3.0, rng.uniform(200, 800)))
         else:  # die around the deadline: before, during or after the evictions
             delay = rng.uniform(0.1, 0.3)
-            plan.append((delay, delay * 1000 + rng.uniform(-50, 400)))
+            kill = delay * 1000 + rng.uniform(-50, 400)
+            plan.append((delay, None if (i - BEFORE) % 3 == 0 else kill))
+    stalled = sum(1 for _, kill in plan if kill is None)
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=6) as pool:
         futures = [
@@ -213,16 +233,19 @@ def test_sigkill_mid_preemption_and_restart(tmp_path: Path) -> None:
         f"evictions, {len(in_executor)} with {sum(t.in_executor for t in trials)} "
         f"in the executor), {sum(t.evictions for t in trials)} evictions"
     )
-    # the random kill points really covered each case
+    # the kill points really covered each case: the stalled trials were killed
+    # mid-eviction whatever the machine's speed (each asserted in run_trial); the
+    # early kills leave 2.2 s to the 3 s deadline for the sleep to overrun
     assert len(pending) >= BEFORE - 3
-    assert len(interrupted) >= 10
-    assert len(in_executor) >= 5
+    assert len(interrupted) >= len(in_executor) >= stalled >= 10
 
 
 def test_deadline_passed_while_down_fires_at_restart(tmp_path: Path) -> None:
     """The engine is down through the deadline: at restart the decision is taken
-    at once, never after another delay of 3 s."""
-    delay = 3.0
+    at once, never after another delay of 6 s (any delay counted from the restart
+    would end after ``restarted_ms + 6000``; the restart itself, a process start and
+    a catch-up, takes well under that even on a loaded machine)."""
+    delay = 6.0
     path = tmp_path / "down.db"
     setup, lowered = crash_scenario(random.Random(7), delay)
     append_facts([(path, setup)])
@@ -246,5 +269,7 @@ def test_deadline_passed_while_down_fires_at_restart(tmp_path: Path) -> None:
     check_ledger(records)
     [fired] = [r.ts for r in records if isinstance(decode_event(r.payload), PreemptionStarted)]
     assert deadline < restarted_ms <= fired
-    # decided as soon as the engine is up, not after another 3 s delay
-    assert fired - up_ms <= SLACK_MS < delay * 1000
+    # decided as soon as the engine is up, not after another delay
+    assert fired < restarted_ms + delay * 1000, (
+        f"fired {fired - restarted_ms} ms after the restart, up after {up_ms - restarted_ms} ms"
+    )

@@ -36,6 +36,7 @@ from quotaledger.projections.state import EvictionRun, ProjectedState
 from .test_engine_guard import (
     NODE,
     SETTINGS,
+    CountingRounds,
     Engines,
     check_ledger,
     cpu,
@@ -225,7 +226,7 @@ async def test_a_claim_that_cannot_be_appended_is_retried_with_backoff(tmp_path:
     try:
         async with Engines() as runner:
             runner.start(engine)
-            await asyncio.wait_for(_until(lambda: engine.core.epoch == 1), 10)
+            await asyncio.wait_for(_until(lambda: engine.core.epoch == 1), 30)
             assert engine.is_leader()
     finally:
         await ledger.close()
@@ -352,14 +353,27 @@ async def test_engines_without_election_do_not_flood_refusals(tmp_path: Path) ->
     try:
         await ledger.append([Append(encode_event(LeaderElected(epoch=1, instance="gone")))])
         await ledger.append([Append(encode_fact(f)) for f in _fenced_setup()])
+        tail = await ledger.last_offset()
         async with Engines() as runner:
             engines = [
-                LiveEngine(link, SimulateExecutor(), instance=n, election=False, idle_poll_s=0.01)
+                CountingRounds(
+                    link, SimulateExecutor(), instance=n, election=False, idle_poll_s=0.01
+                )
                 for n, link in zip(("A", "B"), links, strict=True)
             ]
+            started = time.monotonic()
             for engine in engines:
                 runner.start(engine)
-            await asyncio.sleep(1.5)
+            # both have folded the due deadline, then had 1.5 s and 100 rounds each
+            # (a round ends at the 0.01 s idle poll) to propose: however slow the machine
+            await _until(lambda: all(e.state.offset == tail for e in engines))
+            at_tail = [e.checks for e in engines]
+            await _until(
+                lambda: (
+                    time.monotonic() - started >= 1.5
+                    and all(e.checks - n >= 200 for e, n in zip(engines, at_tail, strict=True))
+                )
+            )
             leading = [engine.instance for engine in engines if engine.is_leader()]
     finally:
         for each in (ledger, *links):
@@ -386,24 +400,50 @@ async def test_no_election_refusals_are_bounded(tmp_path: Path) -> None:
         writer = await SqliteLedger.open(path, poll_interval=0.01)
         links = [await SqliteLedger.open(path, poll_interval=0.01) for _ in range(2)]
         engines = [
-            LiveEngine(link, SimulateExecutor(), instance=name, election=False, idle_poll_s=0.01)
+            CountingRounds(
+                link, SimulateExecutor(), instance=name, election=False, idle_poll_s=0.01
+            )
             for name, link in zip(("A", "B"), links, strict=True)
         ]
+        running = 0
+
+        async def on_ready() -> None:
+            nonlocal running
+            running += 1
+
         try:
             await writer.append([Append(encode_fact(f)) for f in setup])
             async with Engines() as runner:
                 for engine in engines:
-                    runner.start(engine)
-                await asyncio.sleep(0.1)
+                    runner.start(engine, on_ready)
+                async with asyncio.timeout(30):
+                    while running < 2:
+                        await asyncio.sleep(0.01)
                 lowered = await writer.append([Append(encode_fact(f)) for f in decreases])
-                async with asyncio.timeout(20):
+                async with asyncio.timeout(60):
                     while not all(e.state.offset >= lowered[-1] for e in engines) or not all(
                         quiescent(e.state, time.time_ns() // 1_000_000, 100) for e in engines
                     ):
                         await asyncio.sleep(0.01)
-                await asyncio.sleep(0.2)  # appends decided before quiescence land
+                # every append decided before quiescence has landed once the tail is
+                # still where each engine began a step it has completed: such a step
+                # appended nothing (no wall-clock wait for in-flight appends)
+                async with asyncio.timeout(60):
+                    while True:
+                        tail = await writer.last_offset()
+                        if all(e.state.offset == tail and tail in e.steps for e in engines):
+                            break
+                        await asyncio.sleep(0.01)
                 settled = len(read_records(path))
-                await asyncio.sleep(0.5)  # idle rounds add nothing, refusals included
+                assert settled == tail + 1
+                # idle rounds add nothing, refusals included: 0.5 s and 50 steps each
+                steps = [len(e.steps) for e in engines]
+                idle_from = time.monotonic()
+                async with asyncio.timeout(60):
+                    while time.monotonic() - idle_from < 0.5 or any(
+                        len(e.steps) - n < 50 for e, n in zip(engines, steps, strict=True)
+                    ):
+                        await asyncio.sleep(0.01)
                 assert len(read_records(path)) == settled
         finally:
             for each in (writer, *links):

@@ -69,7 +69,7 @@ async def test_sigterm_stops_the_leader_and_releases_the_lease(tmp_path: Path) -
         finally:
             process.send_signal(signal.SIGTERM)
             assert process.stderr is not None
-            err = (await asyncio.wait_for(process.stderr.read(), 10)).decode()
+            err = (await asyncio.wait_for(process.stderr.read(), 30)).decode()  # a hang guard
             code = await process.wait()
         assert code == 0, err
         lease = r.server.get("leases", "quotaledger", "quotaledger", group="coordination.k8s.io")

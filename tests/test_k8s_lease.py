@@ -140,14 +140,15 @@ async def test_fifty_failovers_never_two_holders_appending(tmp_path: Path) -> No
         crashed: list[str] = []
         try:
             for _ in range(50):
-                while True:  # a holder that has appended
-                    await asyncio.sleep(0.02)
-                    holder = _holder(r)
-                    if holder is None or holder in crashed:
-                        continue
-                    last = (await records(r.ledger))[-1].payload.decode()
-                    if f'"{holder}.' in last:
-                        break
+                async with asyncio.timeout(60):  # a hang guard: fail, do not hang
+                    while True:  # a holder that has appended
+                        await asyncio.sleep(0.02)
+                        holder = _holder(r)
+                        if holder is None or holder in crashed:
+                            continue
+                        last = (await records(r.ledger))[-1].payload.decode()
+                        if f'"{holder}.' in last:
+                            break
                 crashed.append(holder)
                 crashes[holder.split("-")[0]].set()
         finally:

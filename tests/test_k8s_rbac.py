@@ -5,6 +5,7 @@ the shipped ClusterRole/Role, and every granted (group, resource, verb) is used.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
 
 def rules(*files: str) -> list[tuple[str | None, dict[str, Any]]]:
     """(namespace or None for a ClusterRole, rule) of every role in the files."""
-    out = []
+    out: list[tuple[str | None, dict[str, Any]]] = []
     for name in files:
         for doc in yaml.safe_load_all((DEPLOY / name).read_text()):
             if doc["kind"] == "ClusterRole":
@@ -49,9 +50,9 @@ def allows(namespace: str | None, rule: dict[str, Any], call: ApiCall) -> bool:
     )
 
 
-def check(calls: list[ApiCall], granted: list[tuple[str | None, dict[str, Any]]]) -> None:
-    refused = sorted({c for c in calls if not any(allows(ns, r, c) for ns, r in granted)}, key=str)
-    assert refused == [], f"calls the manifests do not allow: {refused}"
+def unused(calls: list[ApiCall], granted: list[tuple[str | None, dict[str, Any]]]) -> list[str]:
+    """Every granted (verb, group/resource) no call used."""
+    missing = []
     for ns, rule in granted:
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
@@ -64,7 +65,35 @@ def check(calls: list[ApiCall], granted: list[tuple[str | None, dict[str, Any]]]
                         == (f"{c.resource}/{c.subresource}" if c.subresource else c.resource)
                         for c in calls
                     )
-                    assert used, f"granted but never used: {verb} {group}/{resource} ({ns})"
+                    if not used:
+                        missing.append(f"{verb} {group}/{resource} ({ns})")
+    return missing
+
+
+def check(calls: list[ApiCall], granted: list[tuple[str | None, dict[str, Any]]]) -> None:
+    refused = sorted({c for c in calls if not any(allows(ns, r, c) for ns, r in granted)}, key=str)
+    assert refused == [], f"calls the manifests do not allow: {refused}"
+    missing = unused(calls, granted)
+    assert missing == [], f"granted but never used: {missing}"
+
+
+def collections(calls: list[ApiCall], verb: str) -> Counter[tuple[str, str, str | None]]:
+    """How many ``verb`` calls each collection (group, resource, namespace) got."""
+    return Counter((c.group, c.resource, c.namespace) for c in calls if c.verb == verb)
+
+
+async def used_all(r: Any, granted: list[tuple[str | None, dict[str, Any]]]) -> None:
+    """Wait until every grant has been used (the watches of collections listed last start
+    a moment after their list); a grant the code never uses fails, naming it."""
+
+    async def done() -> bool:
+        return not unused(r.server.calls, granted)
+
+    try:
+        await eventually(done, what="every grant used")
+    except AssertionError:
+        check(r.server.calls, granted)
+        raise
 
 
 async def evict_relist_and_check(r: Any, task: asyncio.Task[Any], stop: asyncio.Event) -> None:
@@ -78,16 +107,27 @@ async def evict_relist_and_check(r: Any, task: asyncio.Task[Any], stop: asyncio.
             for rec in await records(r.ledger)
         )
 
+    async def relisted_and_watching() -> bool:
+        # every collection listed again since the compaction, and watched from the
+        # new list (the calls of the 410 path are checked too)
+        after = r.server.calls[since:]
+        lists, watches = collections(after, "list"), collections(after, "watch")
+        return set(listed) <= set(lists) and set(listed) <= set(watches)
+
+    granted = rules("rbac.yaml")
     try:
         await eventually(done, what="evictions done")
-        r.server.compact()  # the watcher re-lists
-        await asyncio.sleep(1.5)  # watches time out (1 s) and resume
+        await used_all(r, granted)
+        listed = collections(r.server.calls, "list")
+        since = len(r.server.calls)
+        r.server.compact()  # the watches get 410 Gone: the watcher re-lists
+        await eventually(relisted_and_watching, what="every collection re-listed and watched")
     finally:
         stop.set()
         await task
     verbs = {(c.verb, c.resource) for c in r.server.calls}
     assert {("create", "pods"), ("update", "leases"), ("get", "leases")} <= verbs
-    check(r.server.calls, rules("rbac.yaml"))
+    check(r.server.calls, granted)
 
 
 async def test_run_on_a_cluster_uses_exactly_the_shipped_rbac(tmp_path: Path) -> None:
@@ -113,7 +153,15 @@ async def test_quota_sources_need_only_their_extra_rules(tmp_path: Path, source:
         options = WatchOptions(quota_source=source, watch_timeout_s=1)
         async with running_watcher(r, options) as watcher:
             await eventually(lambda: _watching(watcher))
-            await asyncio.sleep(1.2)
+
+            async def resumed() -> bool:
+                # each watch timed out (1 s) and was resumed from its version
+                watches = collections(r.server.calls, "watch")
+                return all(n >= 2 for n in watches.values()) and set(watches) >= set(
+                    collections(r.server.calls, "list")
+                )
+
+            await eventually(resumed, what="every watch resumed")
         base = [
             (ns, rule)
             for ns, rule in rules("rbac.yaml")

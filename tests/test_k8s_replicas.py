@@ -27,6 +27,11 @@ from .k8s_api_server import EvictionAnswer
 from .k8s_support import Rig, eventually, node, pod, records, rig, running_watcher
 
 LEASE_S, RENEW_S, RETRY_S = 1.0, 0.6, 0.2
+#: The takeover bound is lease duration + one retry period, plus this margin for a
+#: loaded machine: the successor's retry loop, the ledger read that sees its
+#: LeaderElected and this test's polling all wait for a CPU (on an idle machine
+#: the takeover takes about LEASE_S + RETRY_S / 2).
+SCHEDULING_MARGIN_S = 10.0
 PODS = 6
 
 
@@ -135,8 +140,9 @@ async def test_sigkill_the_leader_repeatedly(tmp_path: Path, replicas: int, kill
                 killed.append(leader)
                 gone_at = loop.time()
                 await eventually(lambda: _taken(r, killed), limit_s=60, what="takeover")
-                # taken within lease duration + one retry period (+ scheduling slack)
-                assert loop.time() - gone_at <= LEASE_S + RETRY_S + 3.0
+                # taken within lease duration + one retry period (+ scheduling margin)
+                took = loop.time() - gone_at
+                assert took <= LEASE_S + RETRY_S + SCHEDULING_MARGIN_S, f"takeover {took:.1f} s"
                 serial += 1
                 processes[f"rep-{serial}"] = await spawn(r, f"rep-{serial}", tmp_path)
 

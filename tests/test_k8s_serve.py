@@ -28,9 +28,15 @@ from .test_k8s_rbac import DEPLOY, evict_relist_and_check
 from .test_k8s_replicas import seed
 
 LEASE = ["--lease-duration", "1", "--renew-deadline", "0.6", "--retry-period", "0.2"]
+#: A lease that outlives scheduling delays: with 1 s, a replica starved for 0.6 s on a
+#: loaded machine misses its renew deadline and the replicas take turns (a run under load saw 23
+#: LeaderElected where the test asks for one leader until it kills it).
+STEADY_LEASE = ["--lease-duration", "6", "--renew-deadline", "4", "--retry-period", "0.5"]
 
 
-async def spawn(r: Rig, name: str, log_dir: Path) -> tuple[asyncio.subprocess.Process, str]:
+async def spawn(
+    r: Rig, name: str, log_dir: Path, lease: list[str] = LEASE
+) -> tuple[asyncio.subprocess.Process, str]:
     """A ``serve`` replica; returns it and its base URL (from its first stdout line)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -48,7 +54,7 @@ async def spawn(r: Rig, name: str, log_dir: Path) -> tuple[asyncio.subprocess.Pr
         "log",
         "--watch-timeout",
         "5",
-        *LEASE,
+        *lease,
         stdout=asyncio.subprocess.PIPE,
         stderr=(log_dir / f"{name}.log").open("w"),
     )
@@ -99,7 +105,7 @@ async def test_two_serve_replicas_one_leader_reads_everywhere_takeover(tmp_path:
         bases: dict[str, str] = {}
         try:
             for name in ("rep-a", "rep-b"):
-                processes[name], bases[name] = await spawn(r, name, tmp_path)
+                processes[name], bases[name] = await spawn(r, name, tmp_path, STEADY_LEASE)
 
             async def led() -> bool:
                 name = holder(r)

@@ -173,6 +173,9 @@ async def test_settings_configmap_and_namespace_weights(tmp_path: Path) -> None:
                 "quota_preemption_enabled": "true",
             }
             r.server.put("configmaps", cm)
+            # the ConfigMap and the namespaces come by separate watches, whose order on
+            # the ledger is the scheduler's: the namespaces go in once the change is in
+            await settled(r, watcher, lambda es: len(es) == 3)
             r.server.put(
                 "namespaces",
                 {"metadata": {"name": "a", "annotations": {"quotaledger.io/weight": "3"}}},

@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import msgspec
@@ -116,14 +117,15 @@ async def test_run_with_kafka_executor_end_to_end(tansu: Tansu, topic: str) -> N
         text=True,
     )
     try:
-        for _ in range(300):
+        limit = time.monotonic() + 120  # a hang guard, not a speed requirement
+        while True:
             events = await ledger_events(tansu.bootstrap, topic)
             kinds = [type(e).__name__ for e in events]
             if "PreemptionFinished" in kinds:
                 break
+            if time.monotonic() > limit:
+                raise AssertionError(f"no PreemptionFinished; ledger: {kinds}")
             await asyncio.sleep(0.1)
-        else:
-            raise AssertionError(f"no PreemptionFinished; ledger: {kinds}")
         engine.send_signal(signal.SIGTERM)
         assert engine.wait(timeout=30) == 0
     finally:

@@ -284,7 +284,10 @@ async def one_kill_trial(broker: Tansu, trial: int) -> tuple[int, int]:
                     and all(f"extra-{i}" in state.nodes for i in range(len(acked)))
                 )
 
-            await wait_until(caught_up, 120, f"trial {trial}: the engine to catch up")
+            # a hang guard: every request the kill cut off waits out its 10 s request
+            # timeout before it is retried, several in a row on a loaded machine (one
+            # trial took 35 s with two busy loops on its core, 2 s on an idle one)
+            await wait_until(caught_up, 300, f"trial {trial}: the engine to catch up")
         retries = writer.append_retries
     finally:
         await writer.close()

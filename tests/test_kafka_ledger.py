@@ -193,12 +193,16 @@ async def test_memory_broker_restart_is_a_mismatch(topic: str) -> None:
         ledger.reset_check_s = 0.2
         await ledger.append([Append(b'{"kind":"NodeRemoved","name":"a"}')] * 3)
 
+        seen: list[int] = []
+
         async def follow() -> None:
-            async for _batch in ledger.read(0, follow=True):
-                pass
+            async for batch in ledger.read(0, follow=True):
+                seen.extend(record.offset for record in batch)
 
         task = asyncio.create_task(follow())
-        await asyncio.sleep(0.3)
+        async with asyncio.timeout(60):  # following the tail (not still opening) when it dies
+            while len(seen) < 4:
+                await asyncio.sleep(0.01)
         broker.restart()
         with pytest.raises(LedgerMismatch, match=r"record 0|reset"):
             async with asyncio.timeout(60):

@@ -96,8 +96,14 @@ async def test_headless_chromium_draws_the_tree_and_the_feed(tmp_path: Path) -> 
         await caught_up(run, await run.ledger.last_offset())
         async with run.session.get(f"{run.base}/v1/state") as response:
             state = await response.json()
-        # give the page's event loop a moment to draw what the stream sent
-        await asyncio.sleep(1.0)
+        # every record folded so far has been taken by the page's stream (its handler
+        # writes them all before the end of the stream that the server's stop sends):
+        # the page reads them before it sees the stream end, whatever the wall time
+        for _ in range(1500):
+            if all(s.pending == 0 for s in run.server.feed.subscribers):
+                break
+            await asyncio.sleep(0.02)
+        assert all(s.pending == 0 for s in run.server.feed.subscribers), "stream not drained"
     # the server has stopped: the stream ended, virtual time runs out, the DOM is dumped
     out, _ = await asyncio.wait_for(browser.communicate(), 120)
     dom = out.decode()
