@@ -22,7 +22,7 @@ from quotaledger.events.model import (
 )
 from quotaledger.projections import Projection, state_json
 from quotaledger.projections.arrays import recompute_arrays
-from quotaledger.projections.derive import recompute_all, recompute_all_dicts
+from quotaledger.projections.derive import recompute_all, recompute_all_rows
 from quotaledger.projections.request import terms_for
 from quotaledger.projections.state import ProjectedState
 from quotaledger.projections.view import state_hash
@@ -60,7 +60,7 @@ def derived(state: ProjectedState) -> dict[str, Any]:
 def assert_same_recompute(state: ProjectedState) -> None:
     """Both recomputes of copies of ``state`` agree on everything."""
     by_dicts, by_arrays = copy.deepcopy(state), copy.deepcopy(state)
-    recompute_all_dicts(by_dicts)
+    recompute_all_rows(by_dicts)
     if not recompute_arrays(by_arrays):
         # declined (a cap above 2^62 that a request may exceed): what
         # production does then, the dict path
@@ -93,7 +93,7 @@ def test_cached_tree_arrays_follow_every_change(history: list[Event]) -> None:
     for offset, event in enumerate(history, start=1):
         projection.apply(offset, offset, event)
         reference = copy.deepcopy(projection.state)
-        recompute_all_dicts(reference)
+        recompute_all_rows(reference)
         assert recompute_arrays(projection.state)
         assert derived(projection.state) == derived(reference)
         assert state_json(projection.state) == state_json(reference)
