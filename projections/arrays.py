@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from .columns import KeyColumns, QuotaColumns
 from .derive import _cluster_total, _root_sums
 from .request import terms_for
-from .resources import RL
 from .state import BUILTIN, ROOT, ProjectedState, QuotaNode
 from .tree import flush_sums
 
@@ -97,6 +97,8 @@ class _Level:
 
     def __init__(self, nodes: list[QuotaNode]) -> None:
         self.nodes = nodes
+        #: each node's row of the state's columns (stable while the shape is)
+        self.rows = np.array([node.row for node in nodes], dtype=np.intp)
         # rows of each node's children in the next level
         self.child_start: list[int] = []
         self.child_end: list[int] = []
@@ -283,40 +285,51 @@ def _levels(state: ProjectedState) -> list[_Level] | None:
     return levels
 
 
-def _keys(
-    state: ProjectedState, tree: TreeArrays, pods: list[dict[str, tuple[list[int], list[int]]]]
-) -> dict[str, Any]:
+def _keys(state: ProjectedState, tree: TreeArrays) -> dict[str, Any]:
     """Every resource named anywhere, sorted, with its columns' dtype: int64
     when Σ of its pod sums, twice its mins and allocatable (which bounds every
     sum and difference the recompute forms) is below 2^62."""
+    store = state.columns
     bound: dict[str, int] = dict.fromkeys(tree.keys, 0)
     for key, value in state.allocatable.items():
         bound[key] = bound.get(key, 0) + value
     for terms in tree.terms:
         for key, columns in terms.columns.items():
-            bound[key] += 2 * int(columns["min"].sum(dtype=object))
-    for level_pods in pods:
-        for key, (request, used) in level_pods.items():
-            bound[key] = bound.get(key, 0) + sum(request) + sum(used)
+            bound[key] += 2 * _total(columns["min"])
+    for sums in store.by_key:
+        key = sums.key
+        for name in ("pod_request", "pod_used"):
+            column = getattr(sums, name)
+            bound[key] = bound.get(key, 0) + (
+                sum(column) if sums.wide else _total(np.frombuffer(column, dtype=np.int64))
+            )
     return {key: (np.int64 if bound[key] < _INT64_SUMS else object) for key in sorted(bound)}
 
 
-def _pod_sums(nodes: list[QuotaNode]) -> dict[str, tuple[list[int], list[int]]]:
-    """Per resource, each row's pod request and used sums (rows without pods: 0)."""
-    keys: set[str] = set()
-    requests = [node.pod_request for node in nodes]
-    used = [node.pod_used for node in nodes]
-    for amounts in requests:
-        keys.update(amounts)
-    for amounts in used:
-        keys.update(amounts)
-    return {
-        key: (
-            [amounts.get(key, 0) for amounts in requests],
-            [amounts.get(key, 0) for amounts in used],
-        )
-        for key in keys
-    }
+def _total(values: Any) -> int:
+    """Σ of an int64 column, exact (in int64 when its peak proves the sum fits)."""
+    if _peak(values) * len(values) < _INT64_SUMS:
+        return int(values.sum())
+    return int(values.sum(dtype=object))
+
+
+def _gather(columns: KeyColumns, name: str, rows: Any, dtype: Any) -> Column:
+    """One field of one resource at ``rows``, as a column of ``dtype``."""
+    column = getattr(columns, name)
+    if columns.wide:
+        return np.array(column, dtype=dtype)[rows]
+    values = np.frombuffer(column, dtype=np.int64)[rows]
+    return values if dtype is not object else values.astype(object)
+
+
+def _scatter(columns: KeyColumns, name: str, rows: Any, values: Column) -> None:
+    """``name[rows] = values`` in the state's columns (a wide resource: one by one)."""
+    column = getattr(columns, name)
+    if columns.wide:
+        for row, value in zip(rows.tolist(), values.tolist(), strict=True):
+            column[row] = value
+    else:
+        np.frombuffer(column, dtype=np.int64)[rows] = values
 
 
 def recompute_arrays(state: ProjectedState) -> bool:
@@ -330,22 +343,25 @@ def recompute_arrays(state: ProjectedState) -> bool:
     for node in quotas.values():
         if node.sum_log or node.sums_stale:
             flush_sums(state, node)
-    pods = [_pod_sums(level.nodes) for level in levels]
-    keys = _keys(state, tree, pods)
+    keys = _keys(state, tree)
+    store = state.columns
+    store.add_keys(keys)
+    for key, dtype in keys.items():
+        if dtype is object:
+            # sums may leave int64: this resource's columns hold Python ints
+            store.widen(store.columns[key])
     # per level: field -> key -> column
     results: list[dict[str, dict[str, Column]]] = []
     below: dict[str, dict[str, Column]] | None = None
     for depth in range(len(levels) - 1, -1, -1):
-        derived = _bottom_up(levels[depth], tree.terms[depth], pods[depth], keys, below)
+        derived = _bottom_up(levels[depth], tree.terms[depth], store, keys, below)
         results.append(derived)
         below = derived
     results.reverse()
     for level, derived in zip(levels, results, strict=True):
-        nodes = level.nodes
         for name in _FIELDS:
-            built = _sparse_rows(keys, derived[name], len(nodes))
-            for node, amounts in zip(nodes, built, strict=True):
-                setattr(node, name, amounts)
+            for key, column in derived[name].items():
+                _scatter(store.columns[key], name, level.rows, column)
     # the cluster total and root's sums, as settle computes them
     state.cluster_total = _cluster_total(state)
     _root_sums(state)
@@ -360,7 +376,7 @@ def recompute_arrays(state: ProjectedState) -> bool:
 def _bottom_up(
     level: _Level,
     terms: _Terms,
-    pods: dict[str, tuple[list[int], list[int]]],
+    store: QuotaColumns,
     keys: dict[str, Any],
     below: dict[str, dict[str, Column]] | None,
 ) -> dict[str, dict[str, Column]]:
@@ -389,12 +405,9 @@ def _bottom_up(
             masked_out = np.array([node.config.max is not None for node in nodes], dtype=bool)
             has_cap = np.zeros(count, dtype=bool)
             has_lending = np.array([not node.config.allow_lent for node in nodes], dtype=bool)
-        pair = pods.get(key)
-        if pair is not None:
-            masked = np.where(masked_out, 0, _column(pair[0], dtype))
-            pod_used = _column(pair[1], dtype)
-        else:
-            masked = pod_used = zeros
+        columns = store.columns[key]
+        masked = np.where(masked_out, 0, _gather(columns, "pod_request", level.rows, dtype))
+        pod_used = _gather(columns, "pod_used", level.rows, dtype)
         if below is not None:
             child_limited = _segment_sums(below["limited_request"][key], starts, ends)
             child_used = _segment_sums(below["used"][key], starts, ends)
@@ -485,14 +498,11 @@ def _top_down(
                 )
             runtimes[key] = runtime
             effectives[key] = effective
-        built_runtime = _sparse_rows(keys, runtimes, count)
-        built_effective = _sparse_rows(keys, effectives, count)
-        for row, node in enumerate(nodes):
-            if member[row]:
-                node.runtime = built_runtime[row]
-                node.effective_min = built_effective[row]
-            elif node.name not in BUILTIN or node.parent != ROOT:
-                node.runtime, node.effective_min = {}, {}
+        # non-members (orphans; system and default) get none (DECISIONS 6)
+        for key in keys:
+            columns = state.columns.columns[key]
+            _scatter(columns, "runtime", level.rows, runtimes[key])
+            _scatter(columns, "effective_min", level.rows, effectives[key])
         # a child is in a segment when its parent is a member (root's children are)
         above_member = [member[row] and nodes[row].is_parent for row in range(count)]
         parent_runtime = runtimes
@@ -571,16 +581,4 @@ def _by_segment(values: Column, seg: Any, segments: int) -> Column:
     """Σ values per segment (``seg[i]`` the segment of row i)."""
     out = _zeros(segments, values.dtype if values.dtype != object else object)
     np.add.at(out, seg, values)
-    return out
-
-
-def _sparse_rows(keys: Any, columns: dict[str, Column], count: int) -> list[RL]:
-    """One sparse dict per row (keys in sorted order, zeros left out)."""
-    out: list[RL] = [{} for _ in range(count)]
-    for key in keys:
-        column = columns[key]
-        rows = np.flatnonzero(column)
-        if len(rows):
-            for row, value in zip(rows.tolist(), column[rows].tolist(), strict=True):
-                out[row][key] = value
     return out
