@@ -25,9 +25,12 @@ a quota that is not a parent — and the caller then takes the dictionary path.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
+
+from quotaledger.events.model import QuotaUpserted
 
 from .columns import KeyColumns, QuotaColumns
 from .derive import _cluster_total, _root_sums
@@ -102,6 +105,14 @@ class _Level:
         # rows of each node's children in the next level
         self.child_start: list[int] = []
         self.child_end: list[int] = []
+        self.starts = self.ends = np.zeros(0, dtype=np.intp)
+        #: each node's parent's position in the level above (-1: none there)
+        self.parent_at = np.full(len(nodes), -1, dtype=np.intp)
+
+    def close(self) -> None:
+        """The child ranges as arrays, once they are all known."""
+        self.starts = np.array(self.child_start, dtype=np.intp)
+        self.ends = np.array(self.child_end, dtype=np.intp)
 
 
 class _Terms:
@@ -124,6 +135,10 @@ class _Terms:
     def __init__(self, nodes: list[QuotaNode], keys: list[str]) -> None:
         self.configs = [node.config for node in nodes]
         self.is_parent = np.array([node.is_parent for node in nodes], dtype=bool)
+        #: for a resource no configuration names: a quota with a max masks it
+        #: out of its pods' request, an allow_lent false quota keeps it all local
+        self.has_max = np.array([node.config.max is not None for node in nodes], dtype=bool)
+        self.no_lent = np.array([not node.config.allow_lent for node in nodes], dtype=bool)
         self.keys = keys
         every = [terms_for(node) for node in nodes]
         #: rows whose cap (max, or min + borrowing_limit) is above 2^62: a
@@ -184,6 +199,8 @@ class _Terms:
     def patch(self, row: int, node: QuotaNode) -> None:
         """Bring one row up to date with its quota's configuration."""
         self.configs[row] = node.config
+        self.has_max[row] = node.config.max is not None
+        self.no_lent[row] = not node.config.allow_lent
         if any(cap > _INT64_SUMS for cap in terms_for(node).caps.values()):
             self.clipped.add(row)
         else:
@@ -223,31 +240,37 @@ def _config_keys(state: ProjectedState) -> list[str]:
     return sorted(keys)
 
 
+def _config_names(config: QuotaUpserted) -> set[str]:
+    """Every resource a configuration names."""
+    named = set(config.min)
+    for limits in (config.max, config.shared_weight, config.lending_limit, config.borrowing_limit):
+        if limits is not None:
+            named.update(limits)
+    return named
+
+
 def _tree_arrays(state: ProjectedState) -> TreeArrays | None:
     """The state's :class:`TreeArrays`, brought up to date (None: a shape this path declines)."""
     cached = state.tree_arrays
     if isinstance(cached, TreeArrays) and cached.version == state.tree_version:
         keys = set(cached.keys)
+        fresh = True
         for level, terms in zip(cached.levels, cached.terms, strict=True):
-            for row, node in enumerate(level.nodes):
-                if node.config is not terms.configs[row]:
-                    config = node.config
-                    named = set(config.min)
-                    for limits in (
-                        config.max,
-                        config.shared_weight,
-                        config.lending_limit,
-                        config.borrowing_limit,
-                    ):
-                        if limits is not None:
-                            named.update(limits)
-                    if not named <= keys:
-                        break  # a new resource: rebuild
-                    terms.patch(row, node)
-            else:
-                continue
-            break
-        else:
+            configs = terms.configs
+            edited = [
+                row
+                for row, (node, config) in enumerate(zip(level.nodes, configs, strict=True))
+                if node.config is not config
+            ]
+            for row in edited:
+                node = level.nodes[row]
+                if not _config_names(node.config) <= keys:
+                    fresh = False  # a new resource: rebuild
+                    break
+                terms.patch(row, node)
+            if not fresh:
+                break
+        if fresh:
             return cached
     levels = _levels(state)
     if levels is None:
@@ -277,11 +300,18 @@ def _levels(state: ProjectedState) -> list[_Level] | None:
                     return None
                 following.extend(quotas[child] for child in sorted(children) if child in quotas)
             level.child_end.append(len(following))
+        level.close()
         levels.append(level)
         seen += len(following)
         current = following
     if seen != len(quotas):
         return None
+    for above, level in pairwise(levels):
+        level.parent_at = np.repeat(np.arange(len(above.nodes)), above.ends - above.starts)
+    levels[0].parent_at = np.array(
+        [0 if node.parent == ROOT and node.name not in BUILTIN else -1 for node in levels[0].nodes],
+        dtype=np.intp,
+    )
     return levels
 
 
@@ -340,8 +370,10 @@ def recompute_arrays(state: ProjectedState) -> bool:
         return False
     levels = tree.levels
     quotas = state.quotas
-    for node in quotas.values():
-        if node.sum_log or node.sums_stale:
+    # a quota with unflushed pod changes is dirty (tree.mark_dirty)
+    for name in state.dirty:
+        node = quotas.get(name)
+        if node is not None and (node.sum_log or node.sums_stale):
             flush_sums(state, node)
     keys = _keys(state, tree)
     store = state.columns
@@ -383,8 +415,7 @@ def _bottom_up(
     nodes = level.nodes
     count = len(nodes)
     is_parent = terms.is_parent
-    starts = np.array(level.child_start, dtype=np.intp)
-    ends = np.array(level.child_end, dtype=np.intp)
+    starts, ends = level.starts, level.ends
     out: dict[str, dict[str, Column]] = {name: {} for name in (*_FIELDS, _MIN)}
     for key, dtype in keys.items():
         config = terms.columns.get(key)
@@ -400,11 +431,9 @@ def _bottom_up(
             )
         else:
             mins = reserved = caps = lend = zeros
-            # a resource no configuration names: a quota with a max masks it out
-            # of its pods' request, an allow_lent false quota keeps it all local
-            masked_out = np.array([node.config.max is not None for node in nodes], dtype=bool)
+            masked_out = terms.has_max
             has_cap = np.zeros(count, dtype=bool)
-            has_lending = np.array([not node.config.allow_lent for node in nodes], dtype=bool)
+            has_lending = terms.no_lent
         columns = store.columns[key]
         masked = np.where(masked_out, 0, _gather(columns, "pod_request", level.rows, dtype))
         pod_used = _gather(columns, "pod_used", level.rows, dtype)
@@ -452,33 +481,27 @@ def _top_down(
     min_scaling = state.settings.min_scaling
     levels = tree.levels
     # level 0: root's segment is its non-builtin children (all connected)
-    tops = levels[0].nodes
-    segment = [0 if node.parent == ROOT and node.name not in BUILTIN else -1 for node in tops]
     totals = {key: [state.cluster_total.get(key, 0)] for key in keys}
     parent_runtime: dict[str, Column] = {}
-    above_member: list[bool] = []  # rows of the level above whose children share its runtime
+    above_member = np.zeros(0, dtype=bool)  # rows whose children share their runtime
     for depth, level in enumerate(levels):
-        nodes = level.nodes
-        count = len(nodes)
-        if depth > 0:
-            above = levels[depth - 1]
-            segment = [-1] * count
-            owners: list[int] = []
-            for row, (start, end) in enumerate(
-                zip(above.child_start, above.child_end, strict=True)
-            ):
-                if start == end or not above_member[row]:
-                    continue
-                segment[start:end] = [len(owners)] * (end - start)
-                owners.append(row)
-            totals = {key: parent_runtime[key][owners].tolist() for key in keys}
-        member = [seg >= 0 for seg in segment]
-        rows = np.array([row for row, seg in enumerate(segment) if seg >= 0], dtype=np.intp)
+        count = len(level.nodes)
+        if depth == 0:
+            # root's segment is its non-builtin children (all connected)
+            segment = level.parent_at
+        else:
+            owners = np.flatnonzero(above_member)
+            rank = np.cumsum(above_member) - 1
+            parent_at = level.parent_at
+            segment = np.where(above_member[parent_at], rank[parent_at], -1)
+            totals = {key: parent_runtime[key][owners] for key in keys}
+        member = segment >= 0
+        rows = np.flatnonzero(member)
         runtimes: dict[str, Column] = {}
         effectives: dict[str, Column] = {}
         derived = results[depth]
         terms = tree.terms[depth]
-        seg_of = np.array([segment[row] for row in rows.tolist()], dtype=np.intp)
+        seg_of = segment[rows]
         for key, dtype in keys.items():
             runtime = _zeros(count, dtype)
             effective = _zeros(count, dtype)
@@ -488,9 +511,10 @@ def _top_down(
                     configured = (_as(config["weight"][rows], dtype), config["has_weight"][rows])
                 else:
                     configured = (_zeros(len(rows), dtype), np.zeros(len(rows), dtype=bool))
+                total = totals[key]
                 runtime[rows], effective[rows] = _distribute_key(
                     seg_of,
-                    _column(totals[key], dtype),
+                    total if isinstance(total, np.ndarray) else _column(total, dtype),
                     derived[_MIN][key][rows],
                     derived["limited_request"][key][rows],
                     configured,
@@ -504,7 +528,7 @@ def _top_down(
             _scatter(columns, "runtime", level.rows, runtimes[key])
             _scatter(columns, "effective_min", level.rows, effectives[key])
         # a child is in a segment when its parent is a member (root's children are)
-        above_member = [member[row] and nodes[row].is_parent for row in range(count)]
+        above_member = member & terms.is_parent
         parent_runtime = runtimes
 
 

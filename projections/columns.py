@@ -93,6 +93,8 @@ class QuotaColumns:
         self.columns: dict[str, KeyColumns] = {}
         self.keys: list[str] = []
         self.by_key: list[KeyColumns] = []
+        #: the quotas dict every quota of which was last seen holding a row here
+        self.verified: object = None
 
     # ---------------------------------------------------------------- rows
 

@@ -178,7 +178,12 @@ def attach_all(state: ProjectedState) -> None:
     without); rows of quotas the state no longer holds are dropped."""
     columns = state.columns
     quotas = state.quotas
+    # the fold adds quotas to the same dict with their rows (tree.put_quota);
+    # a restore installs another dict of quotas without
+    if quotas is columns.verified and columns.live == len(quotas):
+        return
     if columns.live == len(quotas) and all(node.store is columns for node in quotas.values()):
+        columns.verified = quotas
         return
     # start afresh: the sums were charged into rows some of which are stale
     pending = [node for node in quotas.values() if node.store is not columns]
@@ -191,11 +196,14 @@ def attach_all(state: ProjectedState) -> None:
             state.attach(node)
             node.sum_log.clear()
             node.sums_stale = True
+        state.dirty.update(quotas)
     else:
         for node in sorted(pending, key=lambda item: item.config.name):
             state.attach(node)
             node.sum_log.clear()
             node.sums_stale = True
+            state.dirty.add(node.config.name)
+    columns.verified = quotas
 
 
 def recompute_all_rows(state: ProjectedState) -> None:
