@@ -1,8 +1,13 @@
-"""The array recompute (``projections.arrays``) against the dictionary one it
-replaces in ``recompute_all`` (issue #11 item 2): every derived field of every
-quota, the cluster total and root's sums, the state hash and the state JSON,
-on generated histories, engine-made histories (decisions included) and amounts
-up to the 2^62 bound (DESIGN §9), where products leave int64 far behind."""
+"""The quotas' numbers in columns (``projections.columns``), computed on arrays
+(``projections.arrays``, the full recompute) and on rows (``settle``, the
+incremental path and the full recompute's fallback), against the per-quota
+dictionary recompute they replaced, kept here as the reference
+(:mod:`tests.dict_reference`; issue #11 item 2): every derived field and pod
+sum of every quota, the cluster total and root's sums, the state hash and the
+state JSON, on generated histories, engine-made histories (decisions
+included: the engine decided on the column state, and at every offset the
+state it decided on equals the reference) and amounts up to the 2^62 bound
+(DESIGN §9), where sums and products leave int64 far behind."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from quotaledger.events.codec import decode_event
 from quotaledger.events.model import (
     Event,
     NodeUpserted,
+    PodRemoved,
     PodUpserted,
     QuotaUpserted,
     SettingsChanged,
@@ -27,50 +33,48 @@ from quotaledger.projections.request import terms_for
 from quotaledger.projections.state import ProjectedState
 from quotaledger.projections.view import state_hash
 
+from .dict_reference import projected, reference
 from .scenarios import engine_facts, engine_run, fold, histories
 
 PROPERTY = settings(max_examples=150, deadline=None)
-DERIVED = (
-    "request",
-    "limited_request",
-    "used",
-    "subtree",
-    "local",
-    "usage",
-    "runtime",
-    "effective_min",
-)
 MAX = 2**62
 
 
 def derived(state: ProjectedState) -> dict[str, Any]:
     return {
-        "quotas": {
-            name: {field: getattr(node, field) for field in DERIVED}
-            for name, node in state.quotas.items()
-        },
-        "cluster_total": state.cluster_total,
-        "root_subtree": state.root_subtree,
-        "root_usage": state.root_usage,
+        **projected(state),
         "touched": state.touched,
         "pending": (state.dirty, state.refill, state.total_dirty),
     }
 
 
 def assert_same_recompute(state: ProjectedState) -> None:
-    """Both recomputes of copies of ``state`` agree on everything."""
-    by_dicts, by_arrays = copy.deepcopy(state), copy.deepcopy(state)
-    recompute_all_rows(by_dicts)
+    """Both recomputes of copies of ``state`` (arrays, rows) agree with each
+    other on everything and with the dictionary reference on every number."""
+    expected = reference(state)
+    by_rows, by_arrays = copy.deepcopy(state), copy.deepcopy(state)
+    recompute_all_rows(by_rows)
     if not recompute_arrays(by_arrays):
         # declined (a cap above 2^62 that a request may exceed): what
-        # production does then, the dict path
+        # production does then, the row path
         assert any(
             cap > 2**62 for node in state.quotas.values() for cap in terms_for(node).caps.values()
         )
         recompute_all(by_arrays)
-    assert derived(by_arrays) == derived(by_dicts)
-    assert state_hash(by_arrays) == state_hash(by_dicts)
-    assert state_json(by_arrays) == state_json(by_dicts)
+    assert projected(by_rows) == expected
+    assert derived(by_arrays) == derived(by_rows)
+    assert state_hash(by_arrays) == state_hash(by_rows)
+    assert state_json(by_arrays) == state_json(by_rows)
+
+
+def assert_settled_like_reference(projection: Projection) -> None:
+    """The incremental settle of the live state gives the reference's numbers,
+    and the same state JSON (hash included) as a full recompute of a copy."""
+    state = projection.settled()
+    assert projected(state) == reference(state)
+    again = copy.deepcopy(state)
+    recompute_all(again)
+    assert state_json(again) == state_json(state)
 
 
 @PROPERTY
@@ -80,7 +84,8 @@ def test_arrays_equal_dicts_after_every_event(history: list[Event]) -> None:
     for offset, event in enumerate(history, start=1):
         projection.apply(offset, offset, event)
         assert_same_recompute(projection.state)  # unsettled: dirty quotas, unflushed sums
-        assert_same_recompute(projection.settled())
+        assert_settled_like_reference(projection)
+        assert_same_recompute(projection.state)
 
 
 @PROPERTY
@@ -92,11 +97,12 @@ def test_cached_tree_arrays_follow_every_change(history: list[Event]) -> None:
     projection = fold([])
     for offset, event in enumerate(history, start=1):
         projection.apply(offset, offset, event)
-        reference = copy.deepcopy(projection.state)
-        recompute_all_rows(reference)
+        by_rows = copy.deepcopy(projection.state)
+        recompute_all_rows(by_rows)
         assert recompute_arrays(projection.state)
-        assert derived(projection.state) == derived(reference)
-        assert state_json(projection.state) == state_json(reference)
+        assert derived(projection.state) == derived(by_rows)
+        assert projected(projection.state) == reference(projection.state)
+        assert state_json(projection.state) == state_json(by_rows)
 
 
 @settings(max_examples=40, deadline=None)
@@ -106,7 +112,8 @@ def test_arrays_equal_dicts_on_engine_made_histories(facts: Any) -> None:
     projection = Projection()
     for record in engine_run(facts).records:
         projection.apply_record(record)
-        assert_same_recompute(projection.settled())
+        assert_settled_like_reference(projection)
+        assert_same_recompute(projection.state)
 
 
 # ------------------------------------------------------------------ big amounts
@@ -215,3 +222,56 @@ def test_a_cycle_or_a_child_under_a_leaf_is_declined() -> None:
     before = derived(settled)
     assert not recompute_arrays(settled)
     assert derived(settled) == before
+
+
+def test_sums_past_int64_widen_a_resource_and_stay_exact() -> None:
+    """Pods of 2^62 each sum past 2^63 in one quota: storing the sum widens
+    that resource's columns (Python ints) in the incremental settle, and every
+    number still equals the reference, as the sums rise and fall again."""
+    events: list[Event] = [
+        NodeUpserted(name="n", allocatable={"cpu": MAX, "memory": 7}),
+        QuotaUpserted(name="top", is_parent=True, min={"cpu": 5}),
+        QuotaUpserted(name="big", parent="top", min={"cpu": 5}),
+    ]
+    projection = fold(events)
+    offset = len(events)
+    for i in range(4):
+        offset += 1
+        pod = PodUpserted(
+            uid=f"p{i}", name=f"p{i}", namespace="big", requests={"cpu": MAX, "memory": 1}, node="n"
+        )
+        projection.apply(offset, offset, pod)
+        assert_settled_like_reference(projection)
+    state = projection.settled()
+    assert state.quotas["big"].used == {"cpu": 4 * MAX, "memory": 4}
+    assert state.quotas["top"].request == {"cpu": 4 * MAX, "memory": 4}
+    assert state.columns.columns["cpu"].wide
+    assert not state.columns.columns["memory"].wide
+    for i in range(4):
+        offset += 1
+        projection.apply(offset, offset, PodRemoved(uid=f"p{i}"))
+        assert_settled_like_reference(projection)
+    assert projection.settled().quotas["big"].used == {}
+    assert_same_recompute(projection.state)
+
+
+def test_a_removed_quota_leaves_its_row_clean_for_the_next() -> None:
+    """A quota removed hands its row to the next new quota, zeroed: the new one
+    starts with no numbers of the old one's."""
+    events: list[Event] = [
+        NodeUpserted(name="n", allocatable={"cpu": 100}),
+        QuotaUpserted(name="old", min={"cpu": 10}, allow_lent=False),
+        PodUpserted(uid="p", name="p", namespace="old", requests={"cpu": 30}, node="n"),
+    ]
+    projection = fold(events)
+    state = projection.settled()
+    assert state.quotas["old"].runtime == {"cpu": 30}
+    row = state.quotas["old"].row
+    projection.apply(4, 4, PodRemoved(uid="p"))
+    projection.apply(5, 5, decode_event(b'{"kind":"QuotaRemoved","name":"old"}'))
+    projection.apply(6, 6, QuotaUpserted(name="new"))
+    state = projection.settled()
+    assert "old" not in state.quotas and not state.rejected
+    assert state.quotas["new"].row == row
+    assert_settled_like_reference(projection)
+    assert state.quotas["new"].pod_request == {} and state.quotas["new"].subtree == {}
