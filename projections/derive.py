@@ -27,11 +27,20 @@ _TOP_DOWN = ("runtime", "effective_min")
 
 
 def _children(state: ProjectedState, name: str) -> list[QuotaNode]:
-    quotas = state.quotas
-    out = [quotas[child] for child in sorted(state.children(name))]
-    for child in out:
-        if child.store is not state.columns:
-            state.attach(child)
+    """A quota's children in name order (kept while the tree's shape is)."""
+    cache = state.sorted_children
+    stamp = cache.get("")
+    if stamp is None or stamp[0] != state.tree_version or stamp[1] is not state.quotas:
+        cache.clear()
+        cache[""] = (state.tree_version, state.quotas)
+    out = cache.get(name)
+    if out is None:
+        quotas = state.quotas
+        out = [quotas[child] for child in sorted(state.children(name))]
+        for child in out:
+            if child.store is not state.columns:
+                state.attach(child)
+        cache[name] = out
     return out
 
 

@@ -47,33 +47,39 @@ def distribute(
         min_sum = sum(mins)
         if min_scaling and amount < min_sum:
             mins = [amount * value // min_sum for value in mins]
-        runtime = list(wants)
-        borrowers: list[int] = []
-        starts: list[int] = []
-        caps: list[int] = []
-        weights: list[int] = []
-        pool = amount
-        for i in range(count):
-            eff = mins[i]
-            want = wants[i]
-            if want > eff:
-                borrowers.append(i)
-                starts.append(eff)
-                caps.append(want)
-                weights.append(weight_maps[i].get(key, amount))
-                runtime[i] = eff
-                pool -= eff
-            else:
-                pool -= want
-        if borrowers:
-            filled = water_fill_ordered(pool, starts, caps, weights) if pool > 0 else starts
-            for i, value in zip(borrowers, filled, strict=True):
-                runtime[i] = value
-        # every value is ≤ a limited request or min already stored: no widening
         runtime_col, effective_col = columns.runtime, columns.effective_min
-        for i, row in enumerate(rows):
-            if runtime_col[row] != runtime[i]:
-                runtime_col[row] = runtime[i]
-                changed[i] = True
-            effective_col[row] = mins[i]
+        if min_sum == 0 and not any(wants):
+            runtime = mins = wants  # nothing asked, nothing guaranteed: all 0
+        else:
+            runtime = list(wants)
+            borrowers: list[int] = []
+            starts: list[int] = []
+            caps: list[int] = []
+            weights: list[int] = []
+            pool = amount
+            for i in range(count):
+                eff = mins[i]
+                want = wants[i]
+                if want > eff:
+                    borrowers.append(i)
+                    starts.append(eff)
+                    caps.append(want)
+                    weights.append(weight_maps[i].get(key, amount))
+                    runtime[i] = eff
+                    pool -= eff
+                else:
+                    pool -= want
+            if borrowers:
+                filled = water_fill_ordered(pool, starts, caps, weights) if pool > 0 else starts
+                for i, value in zip(borrowers, filled, strict=True):
+                    runtime[i] = value
+        # every value is ≤ a limited request or a min already stored: no widening
+        if [runtime_col[row] for row in rows] != runtime:
+            for i, row in enumerate(rows):
+                if runtime_col[row] != runtime[i]:
+                    runtime_col[row] = runtime[i]
+                    changed[i] = True
+        if [effective_col[row] for row in rows] != mins:
+            for i, row in enumerate(rows):
+                effective_col[row] = mins[i]
     return changed

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -255,6 +255,9 @@ class ProjectedState:
     # walk of the tree in ``tree_arrays`` while this stays the same)
     tree_version: int = 0
     tree_arrays: object = None
+    # each parent's children in name order while ``tree_version`` stays the
+    # same (key "": the version and the quotas they were listed from)
+    sorted_children: dict[str, Any] = field(default_factory=dict)
     # every quota's numbers, one row each (issue #11; ``QuotaNode.store``)
     columns: QuotaColumns = field(default_factory=QuotaColumns)
     # lazy recompute bookkeeping
