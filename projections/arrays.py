@@ -15,12 +15,15 @@ below 2^62, else Python integers (numpy ``object``); a product of two amounts
 (min scaling, the water-fill's shares) is taken in int64 only when the
 factors' maxima prove it fits, else in Python integers, its quotient and
 remainder fitting the column again (DESIGN §9 bounds amounts at 2^62; sums
-and products may go past int64). The results are written back to the
-quotas' dictionaries, which stay the store every reader uses.
+and products may go past int64). The pod sums are read from, and the results
+written into, the state's quota columns (:mod:`.columns`) through each
+level's row index: no per-quota dict is read or built (a resource whose
+bound is past int64 has its columns widened to Python integers first).
 
 :func:`recompute_arrays` declines (returns False, touching nothing) on a tree it
 does not handle — a quota not reachable from a top (a cycle), or a child under
-a quota that is not a parent — and the caller then takes the dictionary path.
+a quota that is not a parent, or a cap above 2^62 — and the caller then takes
+the row path (``derive.recompute_all_rows``).
 """
 
 from __future__ import annotations
@@ -143,7 +146,7 @@ class _Terms:
         every = [terms_for(node) for node in nodes]
         #: rows whose cap (max, or min + borrowing_limit) is above 2^62: a
         #: request (a sum of pods) may exceed that too, so a clipped cap would
-        #: decide; such a tree takes the exact dict path (``recompute_arrays``)
+        #: decide; such a tree takes the exact row path (``recompute_arrays``)
         self.clipped: set[int] = {
             row
             for row, terms in enumerate(every)

@@ -9,7 +9,10 @@ for *refill* (their children's runtime inputs changed). :func:`settle`:
 3. water-fills runtime top-down under the parents whose inputs changed, and
    under every child parent whose own runtime changed as a result.
 
-The result is identical to a full recomputation (:func:`recompute_all`).
+Every number is read from and written to the quotas' rows of the state's
+columns (:mod:`.columns`, issue #11): per parent segment, in Python over the
+rows, no per-quota dict. The result is identical to a full recomputation
+(:func:`recompute_all`).
 """
 
 from __future__ import annotations
