@@ -225,6 +225,12 @@ class TreeArrays:
         self.levels = levels
         self.keys = keys
         self.terms = [_Terms(level.nodes, keys) for level in levels]
+        #: quota name -> (level, position in it)
+        self.where = {
+            node.name: (depth, row)
+            for depth, level in enumerate(levels)
+            for row, node in enumerate(level.nodes)
+        }
 
 
 def _config_keys(state: ProjectedState) -> list[str]:
@@ -256,23 +262,22 @@ def _tree_arrays(state: ProjectedState) -> TreeArrays | None:
     """The state's :class:`TreeArrays`, brought up to date (None: a shape this path declines)."""
     cached = state.tree_arrays
     if isinstance(cached, TreeArrays) and cached.version == state.tree_version:
+        # only a numbers-only edit (tree.put_quota) gives a quota another
+        # configuration without changing the shape
         keys = set(cached.keys)
         fresh = True
-        for level, terms in zip(cached.levels, cached.terms, strict=True):
-            configs = terms.configs
-            edited = [
-                row
-                for row, (node, config) in enumerate(zip(level.nodes, configs, strict=True))
-                if node.config is not config
-            ]
-            for row in edited:
-                node = level.nodes[row]
+        for name in sorted(state.reconfigured):
+            place = cached.where.get(name)
+            if place is None:
+                continue
+            depth, row = place
+            node = cached.levels[depth].nodes[row]
+            if node.config is not cached.terms[depth].configs[row]:
                 if not _config_names(node.config) <= keys:
                     fresh = False  # a new resource: rebuild
                     break
-                terms.patch(row, node)
-            if not fresh:
-                break
+                cached.terms[depth].patch(row, node)
+        state.reconfigured.clear()
         if fresh:
             return cached
     levels = _levels(state)
@@ -281,6 +286,7 @@ def _tree_arrays(state: ProjectedState) -> TreeArrays | None:
         return None
     built = TreeArrays(state.tree_version, levels, _config_keys(state))
     state.tree_arrays = built
+    state.reconfigured.clear()
     return built
 
 

@@ -255,6 +255,9 @@ class ProjectedState:
     # walk of the tree in ``tree_arrays`` while this stays the same)
     tree_version: int = 0
     tree_arrays: object = None
+    # quotas given another configuration since ``tree_arrays`` last looked
+    # (numbers-only edits: the shape, and so ``tree_version``, stayed the same)
+    reconfigured: set[str] = field(default_factory=set)
     # each parent's children in name order while ``tree_version`` stays the
     # same (key "": the version and the quotas they were listed from)
     sorted_children: dict[str, Any] = field(default_factory=dict)

@@ -305,6 +305,7 @@ def put_quota(state: ProjectedState, config: QuotaUpserted) -> QuotaUpserted | N
         # Same place in the tree and same claims: connectivity, depth and every
         # pod's association (rule 7) stay as they are; only numbers move.
         node.config = config
+        state.reconfigured.add(name)
         mark_dirty(state, name)
         state.refill.add(name)
         _mark_parent_refill(state, config.parent)
@@ -343,6 +344,7 @@ def drop_quota(state: ProjectedState, name: str) -> None:
         if state.namespace_claims.get(ns) == name:
             del state.namespace_claims[ns]
     _mark_parent_refill(state, node.config.parent)
+    state.reconfigured.discard(name)
     state.decrease_deadlines.pop(name, None)
     state.owing_since.pop(name, None)
     state.owing_held.discard(name)
