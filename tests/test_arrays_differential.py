@@ -33,7 +33,7 @@ from quotaledger.projections.request import terms_for
 from quotaledger.projections.state import ProjectedState
 from quotaledger.projections.view import state_hash
 
-from .dict_reference import projected, reference
+from .dict_reference import FIELDS, projected, reference
 from .scenarios import engine_facts, engine_run, fold, histories
 
 PROPERTY = settings(max_examples=150, deadline=None)
@@ -270,6 +270,10 @@ def test_a_removed_quota_leaves_its_row_clean_for_the_next() -> None:
     projection.apply(4, 4, PodRemoved(uid="p"))
     projection.apply(5, 5, decode_event(b'{"kind":"QuotaRemoved","name":"old"}'))
     projection.apply(6, 6, QuotaUpserted(name="new"))
+    # before any settle: nothing of the old quota's (its request, subtree and
+    # local were 10 when it was removed)
+    fresh = projection.state.quotas["new"]
+    assert [getattr(fresh, item) for item in FIELDS] == [{}] * len(FIELDS)
     state = projection.settled()
     assert "old" not in state.quotas and not state.rejected
     assert state.quotas["new"].row == row
