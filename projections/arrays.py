@@ -553,6 +553,21 @@ def _distribute_key(
     (rows of a segment contiguous, in name order), ``totals[s]`` the amount
     shared in segment s. Returns (runtime, effective min) per row, as
     :func:`.runtime.distribute` gives them."""
+    if mins.dtype != object:
+        weights = np.where(configured[1], configured[0], totals[seg])
+        if _peak(weights) * len(weights) >= _INT64_SUMS:
+            # configured weights (each ≤ 2^62) may sum past int64 in a segment:
+            # this resource's level in Python integers; the runtimes and
+            # effective mins (≤ a limited request or a min) fit int64 again
+            runtime, effective = _distribute_key(
+                seg,
+                totals.astype(object),
+                mins.astype(object),
+                limited.astype(object),
+                (configured[0].astype(object), configured[1]),
+                min_scaling,
+            )
+            return runtime.astype(np.int64), effective.astype(np.int64)
     segments = len(totals)
     amount = totals[seg]
     min_sum = _by_segment(mins, seg, segments)

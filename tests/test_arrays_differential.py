@@ -125,6 +125,7 @@ BIG = st.one_of(
 NAMES = ["a", "b", "c", "d", "e", "f", "g"]
 KEYS = ["cpu", "memory"]
 big_rl = st.dictionaries(st.sampled_from(KEYS), BIG, max_size=2)
+small_rl = st.dictionaries(st.sampled_from(KEYS), st.integers(0, 1000), max_size=2)
 
 
 @st.composite
@@ -133,8 +134,9 @@ def big_histories(draw: st.DrawFn) -> list[Event]:
     pods and min scaling on or off; invalid configurations are simply refused."""
     events: list[Event] = [
         SettingsChanged(min_scaling=draw(st.booleans())),
-        NodeUpserted(name="n1", allocatable=draw(big_rl)),
-        NodeUpserted(name="n2", allocatable=draw(big_rl)),
+        # a small cluster keeps a resource in int64 while weights stay huge
+        NodeUpserted(name="n1", allocatable=draw(big_rl | small_rl)),
+        NodeUpserted(name="n2", allocatable=draw(big_rl | small_rl)),
     ]
     parents = ["root"]
     for name in NAMES[: draw(st.integers(1, len(NAMES)))]:
@@ -279,3 +281,21 @@ def test_a_removed_quota_leaves_its_row_clean_for_the_next() -> None:
     assert state.quotas["new"].row == row
     assert_settled_like_reference(projection)
     assert state.quotas["new"].pod_request == {} and state.quotas["new"].subtree == {}
+
+
+def test_shared_weights_summing_past_int64_on_a_small_cluster() -> None:
+    """Three borrowers with shared weights near 2^62 on a 1000-cpu cluster:
+    the amounts fit int64 but the weights' sum does not (the array recompute
+    once took it in int64 and gave every quota -1000)."""
+    events: list[Event] = [NodeUpserted(name="n", allocatable={"cpu": 1000})]
+    for name in ("a", "b", "c"):
+        events.append(QuotaUpserted(name=name, shared_weight={"cpu": MAX - 1}))
+        events.append(PodUpserted(uid=name, name=name, namespace=name, requests={"cpu": 900}))
+    state = fold(events).settled()
+    assert [state.quotas[name].runtime for name in "abc"] == [
+        {"cpu": 334},
+        {"cpu": 333},
+        {"cpu": 333},
+    ]
+    assert recompute_arrays(copy.deepcopy(state))
+    assert_same_recompute(state)
