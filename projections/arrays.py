@@ -89,12 +89,56 @@ def _mul_divmod(left: Column, right: Column, divisor: Column) -> tuple[Column, C
         product = left * right
         quotient = product // divisor
         return quotient, product - quotient * divisor
+    if left.dtype != object:
+        corrected = _estimate_divmod(left, right, divisor)
+        if corrected is not None:
+            return corrected
     product = left.astype(object) * right.astype(object)
     wide = divisor.astype(object)
     quotient = product // wide
     remainder = product - quotient * wide
     if left.dtype != object:
         return quotient.astype(np.int64), remainder.astype(np.int64)
+    return quotient, remainder
+
+
+#: Below this a quotient's float64 estimate is within 1 of it (relative error
+#: of two conversions, a product and a division: < 5 · 2^-53).
+_ESTIMATE_EXACT_BELOW = 2.0**49
+
+
+def _estimate_divmod(left: Column, right: Column, divisor: Column) -> tuple[Column, Column] | None:
+    """``_mul_divmod`` of non-negative int64 columns whose product may leave
+    int64 but whose quotient is small: a float64 estimate of the quotient,
+    corrected exactly in integer arithmetic (None when it does not apply).
+
+    With the estimate ``q`` within 1 of ⌊l·r/d⌋ and 0 < d < 2^62, the true
+    ``l·r − q·d`` lies in (−2d, 2d) ⊂ int64, so computing it with int64
+    wrap-around (exact modulo 2^64) gives it exactly; one step up or down
+    then makes 0 ≤ remainder < d. The float only proposes; integers decide.
+    """
+    if not len(left):
+        return left.copy(), left.copy()
+    if int(left.min()) < 0 or int(right.min()) < 0 or int(divisor.min()) <= 0:
+        return None
+    if _peak(divisor) >= _INT64_SUMS:
+        return None
+    estimate = np.floor(
+        left.astype(np.float64) * right.astype(np.float64) / divisor.astype(np.float64)
+    )
+    if float(estimate.max()) >= _ESTIMATE_EXACT_BELOW:
+        return None
+    quotient = estimate.astype(np.int64)
+    with np.errstate(over="ignore"):
+        remainder = left * right - quotient * divisor  # exact: see above
+    low = remainder < 0
+    quotient[low] -= 1
+    remainder[low] += divisor[low]
+    high = remainder >= divisor
+    quotient[high] += 1
+    remainder[high] -= divisor[high]
+    if bool((remainder < 0).any()) or bool((remainder >= divisor).any()):
+        return None  # not reached while the estimate is within 1
     return quotient, remainder
 
 
@@ -559,7 +603,7 @@ def _distribute_key(
             # configured weights (each ≤ 2^62) may sum past int64 in a segment:
             # this resource's level in Python integers; the runtimes and
             # effective mins (≤ a limited request or a min) fit int64 again
-            runtime, effective = _distribute_key(
+            wide_runtime, wide_effective = _distribute_key(
                 seg,
                 totals.astype(object),
                 mins.astype(object),
@@ -567,7 +611,7 @@ def _distribute_key(
                 (configured[0].astype(object), configured[1]),
                 min_scaling,
             )
-            return runtime.astype(np.int64), effective.astype(np.int64)
+            return wide_runtime.astype(np.int64), wide_effective.astype(np.int64)
     segments = len(totals)
     amount = totals[seg]
     min_sum = _by_segment(mins, seg, segments)

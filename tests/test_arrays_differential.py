@@ -299,3 +299,71 @@ def test_shared_weights_summing_past_int64_on_a_small_cluster() -> None:
     ]
     assert recompute_arrays(copy.deepcopy(state))
     assert_same_recompute(state)
+
+
+@st.composite
+def products(draw: st.DrawFn) -> tuple[list[int], list[int], list[int]]:
+    """Rows of (left, right, divisor) as the water-fill and min scaling form
+    them: a share of a pool (left ≤ divisor) or of a total, products anywhere
+    up to 2^124, divisors below 2^62."""
+    count = draw(st.integers(1, 20))
+    lefts, rights, divisors = [], [], []
+    # where the float estimate is off by one either way: products past 2^64,
+    # quotients just below the estimate's limit (2^49)
+    rounding = draw(st.booleans())
+    for _ in range(count):
+        if rounding:
+            divisor = draw(st.integers(2**55, MAX - 1))
+            right = draw(st.integers(2**40, 2**49 - 1))
+        else:
+            divisor = draw(st.integers(1, MAX - 1) | st.sampled_from([1, 3, 2**31 + 1, MAX - 1]))
+            right = draw(st.integers(0, MAX) | st.sampled_from([0, 1, 2**49, 2**53 + 1, MAX]))
+        lefts.append(draw(st.integers(0, divisor)))
+        rights.append(right)
+        divisors.append(divisor)
+    return lefts, rights, divisors
+
+
+@settings(max_examples=400, deadline=None)
+@given(products())
+def test_products_past_int64_divide_exactly(rows: tuple[list[int], list[int], list[int]]) -> None:
+    """The float-estimated, integer-corrected quotient (or the Python-integer
+    fallback) is exactly ⌊l·r/d⌋ with its remainder."""
+    import numpy as np
+
+    from quotaledger.projections.arrays import _mul_divmod
+
+    lefts, rights, divisors = rows
+    quotient, remainder = _mul_divmod(
+        np.array(lefts, dtype=np.int64),
+        np.array(rights, dtype=np.int64),
+        np.array(divisors, dtype=np.int64),
+    )
+    expected = [divmod(a * b, d) for a, b, d in zip(lefts, rights, divisors, strict=True)]
+    assert list(zip(quotient.tolist(), remainder.tolist(), strict=True)) == expected
+
+
+def test_the_float_estimate_is_corrected_both_ways() -> None:
+    """Seeded rows where the float64 quotient is one too high or too low (both
+    happen): the corrected quotients are exact, and the estimate path took them."""
+    import random
+
+    import numpy as np
+
+    from quotaledger.projections.arrays import _estimate_divmod
+
+    rng = random.Random(11)
+    divisors = [rng.randrange(2**55, MAX) for _ in range(4000)]
+    lefts = [rng.randrange(0, d + 1) for d in divisors]
+    rights = [rng.randrange(2**40, 2**49) for _ in divisors]
+    left, right, divisor = (np.array(v, dtype=np.int64) for v in (lefts, rights, divisors))
+    estimate = np.floor(left.astype(float) * right.astype(float) / divisor.astype(float))
+    exact = [a * b // d for a, b, d in zip(lefts, rights, divisors, strict=True)]
+    assert (estimate > np.array(exact, dtype=float)).any()
+    assert (estimate < np.array(exact, dtype=float)).any()
+    corrected = _estimate_divmod(left, right, divisor)
+    assert corrected is not None
+    assert corrected[0].tolist() == exact
+    assert corrected[1].tolist() == [
+        a * b - q * d for a, b, d, q in zip(lefts, rights, divisors, exact, strict=True)
+    ]
