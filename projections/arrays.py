@@ -15,23 +15,29 @@ below 2^62, else Python integers (numpy ``object``); a product of two amounts
 (min scaling, the water-fill's shares) is taken in int64 only when the
 factors' maxima prove it fits, else in Python integers, its quotient and
 remainder fitting the column again (DESIGN §9 bounds amounts at 2^62; sums
-and products may go past int64). The results are written back to the
-quotas' dictionaries, which stay the store every reader uses.
+and products may go past int64). The pod sums are read from, and the results
+written into, the state's quota columns (:mod:`.columns`) through each
+level's row index: no per-quota dict is read or built (a resource whose
+bound is past int64 has its columns widened to Python integers first).
 
 :func:`recompute_arrays` declines (returns False, touching nothing) on a tree it
 does not handle — a quota not reachable from a top (a cycle), or a child under
-a quota that is not a parent — and the caller then takes the dictionary path.
+a quota that is not a parent, or a cap above 2^62 — and the caller then takes
+the row path (``derive.recompute_all_rows``).
 """
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
 
+from quotaledger.events.model import QuotaUpserted
+
+from .columns import KeyColumns, QuotaColumns
 from .derive import _cluster_total, _root_sums
 from .request import terms_for
-from .resources import RL
 from .state import BUILTIN, ROOT, ProjectedState, QuotaNode
 from .tree import flush_sums
 
@@ -83,6 +89,10 @@ def _mul_divmod(left: Column, right: Column, divisor: Column) -> tuple[Column, C
         product = left * right
         quotient = product // divisor
         return quotient, product - quotient * divisor
+    if left.dtype != object:
+        corrected = _estimate_divmod(left, right, divisor)
+        if corrected is not None:
+            return corrected
     product = left.astype(object) * right.astype(object)
     wide = divisor.astype(object)
     quotient = product // wide
@@ -92,14 +102,64 @@ def _mul_divmod(left: Column, right: Column, divisor: Column) -> tuple[Column, C
     return quotient, remainder
 
 
+#: Below this a quotient's float64 estimate is within 1 of it (relative error
+#: of two conversions, a product and a division: < 5 · 2^-53).
+_ESTIMATE_EXACT_BELOW = 2.0**49
+
+
+def _estimate_divmod(left: Column, right: Column, divisor: Column) -> tuple[Column, Column] | None:
+    """``_mul_divmod`` of non-negative int64 columns whose product may leave
+    int64 but whose quotient is small: a float64 estimate of the quotient,
+    corrected exactly in integer arithmetic (None when it does not apply).
+
+    With the estimate ``q`` within 1 of ⌊l·r/d⌋ and 0 < d < 2^62, the true
+    ``l·r − q·d`` lies in (−2d, 2d) ⊂ int64, so computing it with int64
+    wrap-around (exact modulo 2^64) gives it exactly; one step up or down
+    then makes 0 ≤ remainder < d. The float only proposes; integers decide.
+    """
+    if not len(left):
+        return left.copy(), left.copy()
+    if int(left.min()) < 0 or int(right.min()) < 0 or int(divisor.min()) <= 0:
+        return None
+    if _peak(divisor) >= _INT64_SUMS:
+        return None
+    estimate = np.floor(
+        left.astype(np.float64) * right.astype(np.float64) / divisor.astype(np.float64)
+    )
+    if float(estimate.max()) >= _ESTIMATE_EXACT_BELOW:
+        return None
+    quotient = estimate.astype(np.int64)
+    with np.errstate(over="ignore"):
+        remainder = left * right - quotient * divisor  # exact: see above
+    low = remainder < 0
+    quotient[low] -= 1
+    remainder[low] += divisor[low]
+    high = remainder >= divisor
+    quotient[high] += 1
+    remainder[high] -= divisor[high]
+    if bool((remainder < 0).any()) or bool((remainder >= divisor).any()):
+        return None  # not reached while the estimate is within 1
+    return quotient, remainder
+
+
 class _Level:
     """The quotas of one breadth-first level, grouped by parent."""
 
     def __init__(self, nodes: list[QuotaNode]) -> None:
         self.nodes = nodes
+        #: each node's row of the state's columns (stable while the shape is)
+        self.rows = np.array([node.row for node in nodes], dtype=np.intp)
         # rows of each node's children in the next level
         self.child_start: list[int] = []
         self.child_end: list[int] = []
+        self.starts = self.ends = np.zeros(0, dtype=np.intp)
+        #: each node's parent's position in the level above (-1: none there)
+        self.parent_at = np.full(len(nodes), -1, dtype=np.intp)
+
+    def close(self) -> None:
+        """The child ranges as arrays, once they are all known."""
+        self.starts = np.array(self.child_start, dtype=np.intp)
+        self.ends = np.array(self.child_end, dtype=np.intp)
 
 
 class _Terms:
@@ -122,11 +182,15 @@ class _Terms:
     def __init__(self, nodes: list[QuotaNode], keys: list[str]) -> None:
         self.configs = [node.config for node in nodes]
         self.is_parent = np.array([node.is_parent for node in nodes], dtype=bool)
+        #: for a resource no configuration names: a quota with a max masks it
+        #: out of its pods' request, an allow_lent false quota keeps it all local
+        self.has_max = np.array([node.config.max is not None for node in nodes], dtype=bool)
+        self.no_lent = np.array([not node.config.allow_lent for node in nodes], dtype=bool)
         self.keys = keys
         every = [terms_for(node) for node in nodes]
         #: rows whose cap (max, or min + borrowing_limit) is above 2^62: a
         #: request (a sum of pods) may exceed that too, so a clipped cap would
-        #: decide; such a tree takes the exact dict path (``recompute_arrays``)
+        #: decide; such a tree takes the exact row path (``recompute_arrays``)
         self.clipped: set[int] = {
             row
             for row, terms in enumerate(every)
@@ -182,6 +246,8 @@ class _Terms:
     def patch(self, row: int, node: QuotaNode) -> None:
         """Bring one row up to date with its quota's configuration."""
         self.configs[row] = node.config
+        self.has_max[row] = node.config.max is not None
+        self.no_lent[row] = not node.config.allow_lent
         if any(cap > _INT64_SUMS for cap in terms_for(node).caps.values()):
             self.clipped.add(row)
         else:
@@ -203,6 +269,12 @@ class TreeArrays:
         self.levels = levels
         self.keys = keys
         self.terms = [_Terms(level.nodes, keys) for level in levels]
+        #: quota name -> (level, position in it)
+        self.where = {
+            node.name: (depth, row)
+            for depth, level in enumerate(levels)
+            for row, node in enumerate(level.nodes)
+        }
 
 
 def _config_keys(state: ProjectedState) -> list[str]:
@@ -221,31 +293,36 @@ def _config_keys(state: ProjectedState) -> list[str]:
     return sorted(keys)
 
 
+def _config_names(config: QuotaUpserted) -> set[str]:
+    """Every resource a configuration names."""
+    named = set(config.min)
+    for limits in (config.max, config.shared_weight, config.lending_limit, config.borrowing_limit):
+        if limits is not None:
+            named.update(limits)
+    return named
+
+
 def _tree_arrays(state: ProjectedState) -> TreeArrays | None:
     """The state's :class:`TreeArrays`, brought up to date (None: a shape this path declines)."""
     cached = state.tree_arrays
     if isinstance(cached, TreeArrays) and cached.version == state.tree_version:
+        # only a numbers-only edit (tree.put_quota) gives a quota another
+        # configuration without changing the shape
         keys = set(cached.keys)
-        for level, terms in zip(cached.levels, cached.terms, strict=True):
-            for row, node in enumerate(level.nodes):
-                if node.config is not terms.configs[row]:
-                    config = node.config
-                    named = set(config.min)
-                    for limits in (
-                        config.max,
-                        config.shared_weight,
-                        config.lending_limit,
-                        config.borrowing_limit,
-                    ):
-                        if limits is not None:
-                            named.update(limits)
-                    if not named <= keys:
-                        break  # a new resource: rebuild
-                    terms.patch(row, node)
-            else:
+        fresh = True
+        for name in sorted(state.reconfigured):
+            place = cached.where.get(name)
+            if place is None:
                 continue
-            break
-        else:
+            depth, row = place
+            node = cached.levels[depth].nodes[row]
+            if node.config is not cached.terms[depth].configs[row]:
+                if not _config_names(node.config) <= keys:
+                    fresh = False  # a new resource: rebuild
+                    break
+                cached.terms[depth].patch(row, node)
+        state.reconfigured.clear()
+        if fresh:
             return cached
     levels = _levels(state)
     if levels is None:
@@ -253,6 +330,7 @@ def _tree_arrays(state: ProjectedState) -> TreeArrays | None:
         return None
     built = TreeArrays(state.tree_version, levels, _config_keys(state))
     state.tree_arrays = built
+    state.reconfigured.clear()
     return built
 
 
@@ -275,48 +353,66 @@ def _levels(state: ProjectedState) -> list[_Level] | None:
                     return None
                 following.extend(quotas[child] for child in sorted(children) if child in quotas)
             level.child_end.append(len(following))
+        level.close()
         levels.append(level)
         seen += len(following)
         current = following
     if seen != len(quotas):
         return None
+    for above, level in pairwise(levels):
+        level.parent_at = np.repeat(np.arange(len(above.nodes)), above.ends - above.starts)
+    levels[0].parent_at = np.array(
+        [0 if node.parent == ROOT and node.name not in BUILTIN else -1 for node in levels[0].nodes],
+        dtype=np.intp,
+    )
     return levels
 
 
-def _keys(
-    state: ProjectedState, tree: TreeArrays, pods: list[dict[str, tuple[list[int], list[int]]]]
-) -> dict[str, Any]:
+def _keys(state: ProjectedState, tree: TreeArrays) -> dict[str, Any]:
     """Every resource named anywhere, sorted, with its columns' dtype: int64
     when Σ of its pod sums, twice its mins and allocatable (which bounds every
     sum and difference the recompute forms) is below 2^62."""
+    store = state.columns
     bound: dict[str, int] = dict.fromkeys(tree.keys, 0)
     for key, value in state.allocatable.items():
         bound[key] = bound.get(key, 0) + value
     for terms in tree.terms:
         for key, columns in terms.columns.items():
-            bound[key] += 2 * int(columns["min"].sum(dtype=object))
-    for level_pods in pods:
-        for key, (request, used) in level_pods.items():
-            bound[key] = bound.get(key, 0) + sum(request) + sum(used)
+            bound[key] += 2 * _total(columns["min"])
+    for sums in store.by_key:
+        key = sums.key
+        for name in ("pod_request", "pod_used"):
+            column = getattr(sums, name)
+            bound[key] = bound.get(key, 0) + (
+                sum(column) if sums.wide else _total(np.frombuffer(column, dtype=np.int64))
+            )
     return {key: (np.int64 if bound[key] < _INT64_SUMS else object) for key in sorted(bound)}
 
 
-def _pod_sums(nodes: list[QuotaNode]) -> dict[str, tuple[list[int], list[int]]]:
-    """Per resource, each row's pod request and used sums (rows without pods: 0)."""
-    keys: set[str] = set()
-    requests = [node.pod_request for node in nodes]
-    used = [node.pod_used for node in nodes]
-    for amounts in requests:
-        keys.update(amounts)
-    for amounts in used:
-        keys.update(amounts)
-    return {
-        key: (
-            [amounts.get(key, 0) for amounts in requests],
-            [amounts.get(key, 0) for amounts in used],
-        )
-        for key in keys
-    }
+def _total(values: Any) -> int:
+    """Σ of an int64 column, exact (in int64 when its peak proves the sum fits)."""
+    if _peak(values) * len(values) < _INT64_SUMS:
+        return int(values.sum())
+    return int(values.sum(dtype=object))
+
+
+def _gather(columns: KeyColumns, name: str, rows: Any, dtype: Any) -> Column:
+    """One field of one resource at ``rows``, as a column of ``dtype``."""
+    column = getattr(columns, name)
+    if columns.wide:
+        return np.array(column, dtype=dtype)[rows]
+    values = np.frombuffer(column, dtype=np.int64)[rows]
+    return values if dtype is not object else values.astype(object)
+
+
+def _scatter(columns: KeyColumns, name: str, rows: Any, values: Column) -> None:
+    """``name[rows] = values`` in the state's columns (a wide resource: one by one)."""
+    column = getattr(columns, name)
+    if columns.wide:
+        for row, value in zip(rows.tolist(), values.tolist(), strict=True):
+            column[row] = value
+    else:
+        np.frombuffer(column, dtype=np.int64)[rows] = values
 
 
 def recompute_arrays(state: ProjectedState) -> bool:
@@ -327,25 +423,30 @@ def recompute_arrays(state: ProjectedState) -> bool:
         return False
     levels = tree.levels
     quotas = state.quotas
-    for node in quotas.values():
-        if node.sum_log or node.sums_stale:
+    # a quota with unflushed pod changes is dirty (tree.mark_dirty)
+    for name in state.dirty:
+        node = quotas.get(name)
+        if node is not None and (node.sum_log or node.sums_stale):
             flush_sums(state, node)
-    pods = [_pod_sums(level.nodes) for level in levels]
-    keys = _keys(state, tree, pods)
+    keys = _keys(state, tree)
+    store = state.columns
+    store.add_keys(keys)
+    for key, dtype in keys.items():
+        if dtype is object:
+            # sums may leave int64: this resource's columns hold Python ints
+            store.widen(store.columns[key])
     # per level: field -> key -> column
     results: list[dict[str, dict[str, Column]]] = []
     below: dict[str, dict[str, Column]] | None = None
     for depth in range(len(levels) - 1, -1, -1):
-        derived = _bottom_up(levels[depth], tree.terms[depth], pods[depth], keys, below)
+        derived = _bottom_up(levels[depth], tree.terms[depth], store, keys, below)
         results.append(derived)
         below = derived
     results.reverse()
     for level, derived in zip(levels, results, strict=True):
-        nodes = level.nodes
         for name in _FIELDS:
-            built = _sparse_rows(keys, derived[name], len(nodes))
-            for node, amounts in zip(nodes, built, strict=True):
-                setattr(node, name, amounts)
+            for key, column in derived[name].items():
+                _scatter(store.columns[key], name, level.rows, column)
     # the cluster total and root's sums, as settle computes them
     state.cluster_total = _cluster_total(state)
     _root_sums(state)
@@ -360,15 +461,14 @@ def recompute_arrays(state: ProjectedState) -> bool:
 def _bottom_up(
     level: _Level,
     terms: _Terms,
-    pods: dict[str, tuple[list[int], list[int]]],
+    store: QuotaColumns,
     keys: dict[str, Any],
     below: dict[str, dict[str, Column]] | None,
 ) -> dict[str, dict[str, Column]]:
     nodes = level.nodes
     count = len(nodes)
     is_parent = terms.is_parent
-    starts = np.array(level.child_start, dtype=np.intp)
-    ends = np.array(level.child_end, dtype=np.intp)
+    starts, ends = level.starts, level.ends
     out: dict[str, dict[str, Column]] = {name: {} for name in (*_FIELDS, _MIN)}
     for key, dtype in keys.items():
         config = terms.columns.get(key)
@@ -384,17 +484,12 @@ def _bottom_up(
             )
         else:
             mins = reserved = caps = lend = zeros
-            # a resource no configuration names: a quota with a max masks it out
-            # of its pods' request, an allow_lent false quota keeps it all local
-            masked_out = np.array([node.config.max is not None for node in nodes], dtype=bool)
+            masked_out = terms.has_max
             has_cap = np.zeros(count, dtype=bool)
-            has_lending = np.array([not node.config.allow_lent for node in nodes], dtype=bool)
-        pair = pods.get(key)
-        if pair is not None:
-            masked = np.where(masked_out, 0, _column(pair[0], dtype))
-            pod_used = _column(pair[1], dtype)
-        else:
-            masked = pod_used = zeros
+            has_lending = terms.no_lent
+        columns = store.columns[key]
+        masked = np.where(masked_out, 0, _gather(columns, "pod_request", level.rows, dtype))
+        pod_used = _gather(columns, "pod_used", level.rows, dtype)
         if below is not None:
             child_limited = _segment_sums(below["limited_request"][key], starts, ends)
             child_used = _segment_sums(below["used"][key], starts, ends)
@@ -439,33 +534,27 @@ def _top_down(
     min_scaling = state.settings.min_scaling
     levels = tree.levels
     # level 0: root's segment is its non-builtin children (all connected)
-    tops = levels[0].nodes
-    segment = [0 if node.parent == ROOT and node.name not in BUILTIN else -1 for node in tops]
     totals = {key: [state.cluster_total.get(key, 0)] for key in keys}
     parent_runtime: dict[str, Column] = {}
-    above_member: list[bool] = []  # rows of the level above whose children share its runtime
+    above_member = np.zeros(0, dtype=bool)  # rows whose children share their runtime
     for depth, level in enumerate(levels):
-        nodes = level.nodes
-        count = len(nodes)
-        if depth > 0:
-            above = levels[depth - 1]
-            segment = [-1] * count
-            owners: list[int] = []
-            for row, (start, end) in enumerate(
-                zip(above.child_start, above.child_end, strict=True)
-            ):
-                if start == end or not above_member[row]:
-                    continue
-                segment[start:end] = [len(owners)] * (end - start)
-                owners.append(row)
-            totals = {key: parent_runtime[key][owners].tolist() for key in keys}
-        member = [seg >= 0 for seg in segment]
-        rows = np.array([row for row, seg in enumerate(segment) if seg >= 0], dtype=np.intp)
+        count = len(level.nodes)
+        if depth == 0:
+            # root's segment is its non-builtin children (all connected)
+            segment = level.parent_at
+        else:
+            owners = np.flatnonzero(above_member)
+            rank = np.cumsum(above_member) - 1
+            parent_at = level.parent_at
+            segment = np.where(above_member[parent_at], rank[parent_at], -1)
+            totals = {key: parent_runtime[key][owners] for key in keys}
+        member = segment >= 0
+        rows = np.flatnonzero(member)
         runtimes: dict[str, Column] = {}
         effectives: dict[str, Column] = {}
         derived = results[depth]
         terms = tree.terms[depth]
-        seg_of = np.array([segment[row] for row in rows.tolist()], dtype=np.intp)
+        seg_of = segment[rows]
         for key, dtype in keys.items():
             runtime = _zeros(count, dtype)
             effective = _zeros(count, dtype)
@@ -475,9 +564,10 @@ def _top_down(
                     configured = (_as(config["weight"][rows], dtype), config["has_weight"][rows])
                 else:
                     configured = (_zeros(len(rows), dtype), np.zeros(len(rows), dtype=bool))
+                total = totals[key]
                 runtime[rows], effective[rows] = _distribute_key(
                     seg_of,
-                    _column(totals[key], dtype),
+                    total if isinstance(total, np.ndarray) else _column(total, dtype),
                     derived[_MIN][key][rows],
                     derived["limited_request"][key][rows],
                     configured,
@@ -485,16 +575,13 @@ def _top_down(
                 )
             runtimes[key] = runtime
             effectives[key] = effective
-        built_runtime = _sparse_rows(keys, runtimes, count)
-        built_effective = _sparse_rows(keys, effectives, count)
-        for row, node in enumerate(nodes):
-            if member[row]:
-                node.runtime = built_runtime[row]
-                node.effective_min = built_effective[row]
-            elif node.name not in BUILTIN or node.parent != ROOT:
-                node.runtime, node.effective_min = {}, {}
+        # non-members (orphans; system and default) get none (DECISIONS 6)
+        for key in keys:
+            columns = state.columns.columns[key]
+            _scatter(columns, "runtime", level.rows, runtimes[key])
+            _scatter(columns, "effective_min", level.rows, effectives[key])
         # a child is in a segment when its parent is a member (root's children are)
-        above_member = [member[row] and nodes[row].is_parent for row in range(count)]
+        above_member = member & terms.is_parent
         parent_runtime = runtimes
 
 
@@ -510,6 +597,21 @@ def _distribute_key(
     (rows of a segment contiguous, in name order), ``totals[s]`` the amount
     shared in segment s. Returns (runtime, effective min) per row, as
     :func:`.runtime.distribute` gives them."""
+    if mins.dtype != object:
+        weights = np.where(configured[1], configured[0], totals[seg])
+        if _peak(weights) * len(weights) >= _INT64_SUMS:
+            # configured weights (each ≤ 2^62) may sum past int64 in a segment:
+            # this resource's level in Python integers; the runtimes and
+            # effective mins (≤ a limited request or a min) fit int64 again
+            wide_runtime, wide_effective = _distribute_key(
+                seg,
+                totals.astype(object),
+                mins.astype(object),
+                limited.astype(object),
+                (configured[0].astype(object), configured[1]),
+                min_scaling,
+            )
+            return wide_runtime.astype(np.int64), wide_effective.astype(np.int64)
     segments = len(totals)
     amount = totals[seg]
     min_sum = _by_segment(mins, seg, segments)
@@ -571,16 +673,4 @@ def _by_segment(values: Column, seg: Any, segments: int) -> Column:
     """Σ values per segment (``seg[i]`` the segment of row i)."""
     out = _zeros(segments, values.dtype if values.dtype != object else object)
     np.add.at(out, seg, values)
-    return out
-
-
-def _sparse_rows(keys: Any, columns: dict[str, Column], count: int) -> list[RL]:
-    """One sparse dict per row (keys in sorted order, zeros left out)."""
-    out: list[RL] = [{} for _ in range(count)]
-    for key in keys:
-        column = columns[key]
-        rows = np.flatnonzero(column)
-        if len(rows):
-            for row, value in zip(rows.tolist(), column[rows].tolist(), strict=True):
-                out[row][key] = value
     return out

@@ -9,22 +9,42 @@ for *refill* (their children's runtime inputs changed). :func:`settle`:
 3. water-fills runtime top-down under the parents whose inputs changed, and
    under every child parent whose own runtime changed as a result.
 
-The result is identical to a full recomputation (:func:`recompute_all`).
+Every number is read from and written to the quotas' rows of the state's
+columns (:mod:`.columns`, issue #11): per parent segment, in Python over the
+rows, no per-quota dict. The result is identical to a full recomputation
+(:func:`recompute_all`).
 """
 
 from __future__ import annotations
 
 import heapq
 
+from .columns import QuotaColumns
 from .request import recompute_node
 from .resources import RL
 from .runtime import distribute
 from .state import BUILTIN, DEFAULT, ROOT, SYSTEM, ProjectedState, QuotaNode
 from .tree import flush_sums
 
+_TOP_DOWN = ("runtime", "effective_min")
+
 
 def _children(state: ProjectedState, name: str) -> list[QuotaNode]:
-    return [state.quotas[child] for child in sorted(state.children(name))]
+    """A quota's children in name order (kept while the tree's shape is)."""
+    cache = state.sorted_children
+    stamp = cache.get("")
+    if stamp is None or stamp[0] != state.tree_version or stamp[1] is not state.quotas:
+        cache.clear()
+        cache[""] = (state.tree_version, state.quotas)
+    out = cache.get(name)
+    if out is None:
+        quotas = state.quotas
+        out = [quotas[child] for child in sorted(state.children(name))]
+        for child in out:
+            if child.store is not state.columns:
+                state.attach(child)
+        cache[name] = out
+    return out
 
 
 def settle(state: ProjectedState) -> None:
@@ -32,12 +52,16 @@ def settle(state: ProjectedState) -> None:
     if not state.dirty and not state.refill and not state.total_dirty:
         return
     quotas = state.quotas
+    columns = state.columns
     path: set[str] = set()
     for name in state.dirty:
         current = name
         while current in quotas and current not in path:
             path.add(current)
-            current = quotas[current].config.parent
+            node = quotas[current]
+            if node.store is not columns:
+                state.attach(node)
+            current = node.config.parent
     state.dirty.clear()
     state.touched |= path
     root_changed = False
@@ -46,7 +70,7 @@ def settle(state: ProjectedState) -> None:
         if node.sum_log or node.sums_stale:
             flush_sums(state, node)
         children = _children(state, name) if node.config.is_parent else []
-        if recompute_node(node, children):
+        if recompute_node(state, node, children):
             parent = node.config.parent
             if parent == ROOT:
                 root_changed = True
@@ -55,7 +79,7 @@ def settle(state: ProjectedState) -> None:
             elif parent in quotas:
                 state.refill.add(parent)
         if not node.connected:
-            node.runtime, node.effective_min = {}, {}
+            state.columns.clear(_TOP_DOWN, node.row)
     if state.total_dirty:
         total = _cluster_total(state)
         if total != state.cluster_total:
@@ -70,37 +94,49 @@ def settle(state: ProjectedState) -> None:
 
 def _cluster_total(state: ProjectedState) -> RL:
     """Σ allocatable − used of system and default, floored at 0 (§8 rule 16)."""
-    system = state.quotas[SYSTEM].used
-    default = state.quotas[DEFAULT].used
+    store = state.columns
+    system, default = state.quotas[SYSTEM].row, state.quotas[DEFAULT].row
     out: RL = {}
     for key, value in state.allocatable.items():
-        left = value - system.get(key, 0) - default.get(key, 0)
-        if left > 0:
-            out[key] = left
+        columns = store.columns.get(key)
+        if columns is not None:
+            value -= columns.used[system] + columns.used[default]
+        if value > 0:
+            out[key] = value
     return out
 
 
 def _root_children(state: ProjectedState) -> list[QuotaNode]:
-    return [
+    out = [
         state.quotas[name]
         for name in sorted(state.children(ROOT))
         if name not in BUILTIN and state.quotas[name].connected
     ]
+    for child in out:
+        if child.store is not state.columns:
+            state.attach(child)
+    return out
 
 
 def _root_sums(state: ProjectedState) -> None:
+    rows = [child.row for child in _root_children(state)]
     subtree: RL = {}
     usage: RL = {}
-    for child in _root_children(state):
-        for key in child.subtree.keys() | child.local.keys():
-            value = child.subtree.get(key, 0) - child.local.get(key, 0)
-            if value:
-                subtree[key] = subtree.get(key, 0) + value
-        for key, value in child.usage.items():
-            charged = value - child.local.get(key, 0)
-            if charged > 0:
-                usage[key] = usage.get(key, 0) + charged
-    state.root_subtree = {k: v for k, v in subtree.items() if v}
+    for columns in state.columns.by_key:
+        subtree_col, local_col, usage_col = columns.subtree, columns.local, columns.usage
+        contributed = 0
+        charged = 0
+        for row in rows:
+            local = local_col[row]
+            contributed += subtree_col[row] - local
+            over = usage_col[row] - local
+            if over > 0:
+                charged += over
+        if contributed:
+            subtree[columns.key] = contributed
+        if charged:
+            usage[columns.key] = charged
+    state.root_subtree = subtree
     state.root_usage = usage
 
 
@@ -120,20 +156,19 @@ def _refill(state: ProjectedState) -> None:
         if name in done:
             continue
         done.add(name)
+        total: RL | int
         if name == ROOT:
             total, children = state.cluster_total, _root_children(state)
         else:
             node = quotas[name]
             if not node.config.is_parent:
                 continue
-            total, children = node.runtime, _children(state, name)
+            total, children = node.row, _children(state, name)
         if not children:
             continue
-        runtimes, effectives = distribute(total, children, min_scaling)
-        for child, runtime, effective in zip(children, runtimes, effectives, strict=True):
-            child.effective_min = effective
-            if runtime != child.runtime:
-                child.runtime = runtime
+        changed = distribute(state, total, children, min_scaling)
+        for child, moved in zip(children, changed, strict=True):
+            if moved:
                 state.touched.add(child.config.name)
                 if child.config.is_parent:
                     heapq.heappush(heap, (child.depth, child.config.name))
@@ -141,23 +176,57 @@ def _refill(state: ProjectedState) -> None:
 
 def recompute_all(state: ProjectedState) -> None:
     """Recompute everything from the pod sums (snapshot restore, benchmarks), on
-    arrays (:mod:`.arrays`, issue #11); on a tree shape that path declines,
-    with :func:`recompute_all_dicts`. Both give the same numbers."""
+    arrays (:mod:`.arrays`, issue #11); on a tree that path declines, with
+    :func:`recompute_all_rows`. Both give the same numbers."""
     from .arrays import recompute_arrays
 
+    attach_all(state)
     if not recompute_arrays(state):
-        recompute_all_dicts(state)
+        recompute_all_rows(state)
 
 
-def recompute_all_dicts(state: ProjectedState) -> None:
-    """Recompute everything from the pod sums, quota by quota through ``settle``
-    (the reference the array path is tested against).
+def attach_all(state: ProjectedState) -> None:
+    """Give every quota its row, in name order (a restored state's quotas come
+    without); rows of quotas the state no longer holds are dropped."""
+    columns = state.columns
+    quotas = state.quotas
+    # the fold adds quotas to the same dict with their rows (tree.put_quota);
+    # a restore installs another dict of quotas without
+    if quotas is columns.verified and columns.live == len(quotas):
+        return
+    if columns.live == len(quotas) and all(node.store is columns for node in quotas.values()):
+        columns.verified = quotas
+        return
+    # start afresh: the sums were charged into rows some of which are stale
+    pending = [node for node in quotas.values() if node.store is not columns]
+    if columns.live + len(pending) != len(quotas):
+        state.columns = columns = QuotaColumns()
+        state.tree_arrays = None
+        for name in sorted(quotas):
+            node = quotas[name]
+            node.store = None
+            state.attach(node)
+            node.sum_log.clear()
+            node.sums_stale = True
+        state.dirty.update(quotas)
+    else:
+        for node in sorted(pending, key=lambda item: item.config.name):
+            state.attach(node)
+            node.sum_log.clear()
+            node.sums_stale = True
+            state.dirty.add(node.config.name)
+    columns.verified = quotas
+
+
+def recompute_all_rows(state: ProjectedState) -> None:
+    """Recompute everything from the pod sums, quota by quota through ``settle``.
 
     Every quota is recomputed bottom-up and every parent (root included)
-    re-filled, which assigns each derived field of each connected quota; an
+    re-filled, which assigns each derived number of each connected quota; an
     orphan's runtime and effective min are cleared by ``settle``, and
     system/default never get one (DECISIONS 6). So nothing needs resetting first.
     """
+    attach_all(state)
     state.dirty.update(state.quotas)
     state.refill.update(state.quotas)
     state.cluster_total = {}

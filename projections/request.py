@@ -15,9 +15,9 @@ the charged ``usage``.
 
 from __future__ import annotations
 
-from .resources import RL, add_into
-from .state import QuotaNode
-from .terms import Terms, kept_local
+from .columns import KeyColumns
+from .state import ProjectedState, QuotaNode
+from .terms import Terms
 
 
 def terms_for(node: QuotaNode) -> Terms:
@@ -28,75 +28,90 @@ def terms_for(node: QuotaNode) -> Terms:
     return terms
 
 
-def recompute_node(node: QuotaNode, children: list[QuotaNode]) -> bool:
-    """Refresh one quota's bottom-up numbers from its pods or children.
+def recompute_node(state: ProjectedState, node: QuotaNode, children: list[QuotaNode]) -> bool:
+    """Refresh one quota's bottom-up numbers, in its row of the state's
+    columns, from its pod sums or its children's rows.
 
-    Returns True when anything its parent reads (limited request, used,
-    subtree, local, usage, min) may have changed.
+    Returns True when any of them changed (its parent reads the limited
+    request, used, subtree, local and usage; min only changes with a
+    configuration, which marks the parent itself).
     """
     config = node.config
     terms = terms_for(node)
-    if config.is_parent:
-        request: RL = {}
-        used: RL = {}
-        for child in children:
-            add_into(request, child.limited_request)
-            add_into(used, child.used)
-    else:
-        mask = terms.mask
-        if mask is None:
-            request = dict(node.pod_request)
-        else:
-            request = {key: value for key, value in node.pod_request.items() if key in mask}
-        used = dict(node.pod_used)
-    for key, value in terms.reserved.items():
-        if request.get(key, 0) < value:
-            request[key] = value
-    caps = terms.caps
-    limited_request: RL = {}
-    for key, value in request.items():
-        cap = caps.get(key)
-        if cap is not None and cap < value:
-            value = cap
-        if value:
-            limited_request[key] = value
-
-    if config.is_parent:
-        own = dict(config.min)
-        for child in children:
-            for key, value in child.config.min.items():
-                own[key] = own.get(key, 0) - value
-        subtree: RL = {key: value for key, value in own.items() if value > 0}
-        usage: RL = {}
-        for child in children:
-            child_local = child.local
-            # local ⊆ subtree key-wise (local is computed from subtree's items)
-            for key, value in child.subtree.items():
-                contributed = value - child_local.get(key, 0)
-                if contributed:
-                    subtree[key] = subtree.get(key, 0) + contributed
-            for key, value in child.usage.items():
-                charged = value - child_local.get(key, 0)
+    store = state.columns
+    store.add_keys(config.min)
+    row = node.row
+    is_parent = config.is_parent
+    rows = [child.row for child in children]
+    mask, reserved, caps, lending = terms.mask, terms.reserved, terms.caps, terms.lending
+    config_min = config.min
+    child_mins = [child.config.min for child in children] if is_parent else []
+    changed = False
+    for columns in store.by_key:
+        key = columns.key
+        if is_parent:
+            limited_col, used_col = columns.limited_request, columns.used
+            subtree_col, local_col, usage_col = columns.subtree, columns.local, columns.usage
+            request = 0
+            used = 0
+            contributed = 0
+            usage = 0
+            for child in rows:
+                request += limited_col[child]
+                used += used_col[child]
+                child_local = local_col[child]
+                contributed += subtree_col[child] - child_local
+                charged = usage_col[child] - child_local
                 if charged > 0:
-                    usage[key] = usage.get(key, 0) + charged
-        local = kept_local(subtree, terms.lending)
-    else:
-        subtree = terms.leaf_subtree
-        local = terms.leaf_local
-        usage = used
-
-    changed = (
-        limited_request != node.limited_request
-        or used != node.used
-        or subtree != node.subtree
-        or local != node.local
-        or usage != node.usage
-        or request != node.request
-    )
-    node.request = request
-    node.limited_request = limited_request
-    node.used = used
-    node.subtree = subtree
-    node.local = local
-    node.usage = usage
+                    usage += charged
+            own = config_min.get(key, 0)
+            for amounts in child_mins:
+                own -= amounts.get(key, 0)
+            subtree = own + contributed if own > 0 else contributed
+        else:
+            request = columns.pod_request[row] if mask is None or key in mask else 0
+            used = usage = columns.pod_used[row]
+            subtree = config_min.get(key, 0)
+        floor = reserved.get(key)
+        if floor is not None and request < floor:
+            request = floor
+        cap = caps.get(key)
+        limited = cap if cap is not None and cap < request else request
+        local = 0
+        if lending is not None and key in lending:
+            kept = subtree - lending.get(key, 0)
+            if kept > 0:
+                local = kept
+        if (
+            columns.request[row] != request
+            or columns.limited_request[row] != limited
+            or columns.used[row] != used
+            or columns.subtree[row] != subtree
+            or columns.local[row] != local
+            or columns.usage[row] != usage
+        ):
+            changed = True
+            try:
+                _store(columns, row, request, limited, used, subtree, local, usage)
+            except OverflowError:
+                store.widen(columns)
+                _store(columns, row, request, limited, used, subtree, local, usage)
     return changed
+
+
+def _store(
+    columns: KeyColumns,
+    row: int,
+    request: int,
+    limited: int,
+    used: int,
+    subtree: int,
+    local: int,
+    usage: int,
+) -> None:
+    columns.request[row] = request
+    columns.limited_request[row] = limited
+    columns.used[row] = used
+    columns.subtree[row] = subtree
+    columns.local[row] = local
+    columns.usage[row] = usage

@@ -14,57 +14,72 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .request import terms_for
-from .resources import RL, water_fill_ordered
-from .state import QuotaNode
+from .resources import water_fill_ordered
+from .state import ProjectedState, QuotaNode
 
 
 def distribute(
-    total: Mapping[str, int], children: list[QuotaNode], min_scaling: bool
-) -> tuple[list[RL], list[RL]]:
-    """Runtime and effective min of each child of one parent.
+    state: ProjectedState,
+    total: Mapping[str, int] | int,
+    children: list[QuotaNode],
+    min_scaling: bool,
+) -> list[bool]:
+    """Runtime and effective min of each child of one parent, into the
+    children's rows of the state's columns.
 
-    ``children`` must be sorted by name (the water-fill's tie-break); returns
-    two lists aligned with them: runtimes and effective mins.
+    ``children`` must be sorted by name (the water-fill's tie-break). The
+    amount shared is ``total`` per resource, or, as an int, the runtime row of
+    the parent. Returns, aligned with ``children``, whether each one's runtime
+    changed.
     """
+    store = state.columns
     count = len(children)
-    runtime: list[RL] = [{} for _ in range(count)]
-    effective: list[RL] = [{} for _ in range(count)]
-    keys: set[str] = set()
-    weight_maps: list[RL] = []
-    for child in children:
-        keys.update(child.limited_request)
-        keys.update(key for key, value in child.config.min.items() if value)
-        weight_maps.append(terms_for(child).weights)
-    for key in sorted(keys):
-        amount = total.get(key, 0)
-        mins = [child.config.min.get(key, 0) for child in children]
+    rows = [child.row for child in children]
+    changed = [False] * count
+    config_mins = [child.config.min for child in children]
+    weight_maps = [terms_for(child).weights for child in children]
+    for columns in store.by_key:
+        key = columns.key
+        amount = columns.runtime[total] if isinstance(total, int) else total.get(key, 0)
+        limited = columns.limited_request
+        wants = [limited[row] for row in rows]
+        mins = [amounts.get(key, 0) for amounts in config_mins]
         min_sum = sum(mins)
         if min_scaling and amount < min_sum:
             mins = [amount * value // min_sum for value in mins]
-        borrowers: list[int] = []
-        starts: list[int] = []
-        caps: list[int] = []
-        weights: list[int] = []
-        pool = amount
-        for i in range(count):
-            eff = mins[i]
-            if eff:
-                effective[i][key] = eff
-            want = children[i].limited_request.get(key, 0)
-            if want > eff:
-                borrowers.append(i)
-                starts.append(eff)
-                caps.append(want)
-                weights.append(weight_maps[i].get(key, amount))
-                pool -= eff
-            else:
-                pool -= want
-                if want:
-                    runtime[i][key] = want
-        if not borrowers:
-            continue
-        filled = water_fill_ordered(pool, starts, caps, weights) if pool > 0 else starts
-        for i, value in zip(borrowers, filled, strict=True):
-            if value:
-                runtime[i][key] = value
-    return runtime, effective
+        runtime_col, effective_col = columns.runtime, columns.effective_min
+        if min_sum == 0 and not any(wants):
+            runtime = mins = wants  # nothing asked, nothing guaranteed: all 0
+        else:
+            runtime = list(wants)
+            borrowers: list[int] = []
+            starts: list[int] = []
+            caps: list[int] = []
+            weights: list[int] = []
+            pool = amount
+            for i in range(count):
+                eff = mins[i]
+                want = wants[i]
+                if want > eff:
+                    borrowers.append(i)
+                    starts.append(eff)
+                    caps.append(want)
+                    weights.append(weight_maps[i].get(key, amount))
+                    runtime[i] = eff
+                    pool -= eff
+                else:
+                    pool -= want
+            if borrowers:
+                filled = water_fill_ordered(pool, starts, caps, weights) if pool > 0 else starts
+                for i, value in zip(borrowers, filled, strict=True):
+                    runtime[i] = value
+        # every value is ≤ a limited request or a min already stored: no widening
+        if [runtime_col[row] for row in rows] != runtime:
+            for i, row in enumerate(rows):
+                if runtime_col[row] != runtime[i]:
+                    runtime_col[row] = runtime[i]
+                    changed[i] = True
+        if [effective_col[row] for row in rows] != mins:
+            for i, row in enumerate(rows):
+                effective_col[row] = mins[i]
+    return changed

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
 from quotaledger.events.model import PodUpserted, PreemptionCause, QuotaUpserted
 
+from .columns import QuotaColumns
 from .resources import RL
 from .terms import Terms
 
@@ -86,20 +87,40 @@ class NamespaceUsage(msgspec.Struct):
     used: RL = msgspec.field(default_factory=dict)
 
 
+class _RowNumbers:
+    """A per-quota number list read from the quota's row of the state's
+    columns (:mod:`.columns`), built as a sparse dict when read; empty for a
+    quota no state holds. Assigning one stores it in the row."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, node: QuotaNode | None, owner: type[QuotaNode]) -> RL:
+        if node is None or node.store is None:
+            return {}
+        return node.store.read(self.name, node.row)
+
+    def __set__(self, node: QuotaNode, amounts: RL) -> None:
+        if node.store is None:
+            raise RuntimeError(f"quota {node.name} is in no state's columns")
+        node.store.write(self.name, node.row, amounts)
+
+
 @dataclass(slots=True, eq=False)
 class QuotaNode:
-    """One quota: its configuration, its pods' sums, and derived numbers.
+    """One quota: its configuration, its pods, and its row of numbers.
 
-    ``pod_request``/``pod_used`` are Σ requests of the quota's active pods
-    (unmasked; used only for pods with a node, §8 rule 12) once
-    :func:`quotaledger.projections.tree.flush_sums` has run (``settle`` does).
-    Derived lists are sparse and valid only after ``settle``.
+    The numbers live in the state's columns (:class:`.columns.QuotaColumns`,
+    issue #11), in row ``row``: ``pod_request``/``pod_used`` are Σ requests of
+    the quota's active pods (unmasked; used only for pods with a node, §8
+    rule 12) once :func:`quotaledger.projections.tree.flush_sums` has run
+    (``settle`` does); the derived ones (request, limited_request, used,
+    subtree, local, usage, effective_min, runtime) are valid after ``settle``.
+    Each reads as a fresh sparse dict.
     """
 
     config: QuotaUpserted
     pods: set[str] = field(default_factory=set)
-    pod_request: RL = field(default_factory=dict)
-    pod_used: RL = field(default_factory=dict)
     # in-place pod changes not yet in the sums: (old requests, new requests,
     # old bound, new bound); or, once longer than the pods, ``sums_stale``
     # (rebuild from the pods). See tree.flush_sums.
@@ -108,16 +129,22 @@ class QuotaNode:
     connected: bool = True
     depth: int = 1
     terms: Terms | None = None  # constants of ``config`` (rebuilt when it changes)
+    # where the numbers are: the state's columns, and this quota's row there
+    store: QuotaColumns | None = None
+    row: int = -1
+
+    pod_request = _RowNumbers("pod_request")
+    pod_used = _RowNumbers("pod_used")
     # derived, bottom-up
-    request: RL = field(default_factory=dict)
-    limited_request: RL = field(default_factory=dict)
-    used: RL = field(default_factory=dict)
-    subtree: RL = field(default_factory=dict)
-    local: RL = field(default_factory=dict)
-    usage: RL = field(default_factory=dict)
+    request = _RowNumbers("request")
+    limited_request = _RowNumbers("limited_request")
+    used = _RowNumbers("used")
+    subtree = _RowNumbers("subtree")
+    local = _RowNumbers("local")
+    usage = _RowNumbers("usage")
     # derived, top-down
-    effective_min: RL = field(default_factory=dict)
-    runtime: RL = field(default_factory=dict)
+    effective_min = _RowNumbers("effective_min")
+    runtime = _RowNumbers("runtime")
 
     @property
     def name(self) -> str:
@@ -228,6 +255,14 @@ class ProjectedState:
     # walk of the tree in ``tree_arrays`` while this stays the same)
     tree_version: int = 0
     tree_arrays: object = None
+    # quotas given another configuration since ``tree_arrays`` last looked
+    # (numbers-only edits: the shape, and so ``tree_version``, stayed the same)
+    reconfigured: set[str] = field(default_factory=set)
+    # each parent's children in name order while ``tree_version`` stays the
+    # same (key "": the version and the quotas they were listed from)
+    sorted_children: dict[str, Any] = field(default_factory=dict)
+    # every quota's numbers, one row each (issue #11; ``QuotaNode.store``)
+    columns: QuotaColumns = field(default_factory=QuotaColumns)
     # lazy recompute bookkeeping
     dirty: set[str] = field(default_factory=set)
     touched: set[str] = field(default_factory=set)  # changed since the clocks last looked
@@ -241,9 +276,16 @@ class ProjectedState:
     def empty(cls) -> ProjectedState:
         state = cls()
         for name in (SYSTEM, DEFAULT):
-            state.quotas[name] = QuotaNode(config=builtin_config(name))
+            state.quotas[name] = node = QuotaNode(config=builtin_config(name))
+            state.attach(node)
             state.children_of.setdefault(ROOT, set()).add(name)
         return state
+
+    def attach(self, node: QuotaNode) -> None:
+        """Give a quota its row in this state's columns (once)."""
+        if node.store is not self.columns:
+            node.store = self.columns
+            node.row = self.columns.take_row()
 
     def children(self, name: str) -> set[str]:
         """Quotas naming ``name`` as parent (existing ones; orphans included)."""

@@ -59,7 +59,6 @@ class Terms:
     * ``caps``: per resource ``min(max, min + borrowing_limit)`` of those set —
       ``limited_request = min(request, caps)``;
     * ``lending``: the effective lending limit;
-    * ``leaf_subtree``/``leaf_local``: a leaf's KEP-79 subtree (its min) and local;
     * ``weights``: the configured shared weight per resource — ``shared_weight``,
       else ``max`` (§8 rule 2; a resource listed in neither takes the amount shared).
     """
@@ -67,8 +66,6 @@ class Terms:
     __slots__ = (
         "caps",
         "config",
-        "leaf_local",
-        "leaf_subtree",
         "lending",
         "mask",
         "reserved",
@@ -87,8 +84,6 @@ class Terms:
                 if key not in caps or ceiling < caps[key]:
                     caps[key] = ceiling
         self.caps = caps
-        self.leaf_subtree: RL = {key: value for key, value in config.min.items() if value}
-        self.leaf_local = kept_local(self.leaf_subtree, self.lending)
         weights: RL = dict(config.max) if config.max is not None else {}
         if config.shared_weight is not None:
             weights.update(config.shared_weight)

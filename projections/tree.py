@@ -14,7 +14,7 @@ from sys import intern
 
 from quotaledger.events.model import PodUpserted, QuotaUpserted
 
-from .resources import RL, add_into, sub_into
+from .resources import RL, add_into
 from .state import (
     ACTIVE_PHASES,
     BUILTIN,
@@ -104,18 +104,21 @@ def mark_dirty(state: ProjectedState, name: str) -> None:
 
 def _charge(state: ProjectedState, node: QuotaNode, pod: PodUpserted, sign: int) -> None:
     if not node.sums_stale:
-        change = add_into if sign > 0 else sub_into
-        change(node.pod_request, pod.requests)
+        state.attach(node)
+        store, row = state.columns, node.row
+        store.add("pod_request", row, pod.requests, sign)
         if pod.node is not None:
-            change(node.pod_used, pod.requests)
+            store.add("pod_used", row, pod.requests, sign)
     mark_dirty(state, node.config.name)
 
 
 def flush_sums(state: ProjectedState, node: QuotaNode) -> None:
-    """Bring ``pod_request``/``pod_used`` up to date: apply the logged in-place
-    changes, or rebuild from the quota's pods when the log outgrew them.
-    Either way the sums equal Σ over the active pods (sums commute, so when
-    a change is applied does not matter)."""
+    """Bring the quota's ``pod_request``/``pod_used`` row up to date: apply the
+    logged in-place changes, or rebuild from the quota's pods when the log
+    outgrew them. Either way the sums equal Σ over the active pods (sums
+    commute, so when a change is applied does not matter)."""
+    state.attach(node)
+    store, row = state.columns, node.row
     if node.sums_stale:
         request: RL = {}
         used: RL = {}
@@ -125,18 +128,19 @@ def flush_sums(state: ProjectedState, node: QuotaNode) -> None:
             add_into(request, pod.requests)
             if pod.node is not None:
                 add_into(used, pod.requests)
-        node.pod_request, node.pod_used = request, used
+        store.write("pod_request", row, request)
+        store.write("pod_used", row, used)
         node.sums_stale = False
     elif node.sum_log:
-        total, bound_total = node.pod_request, node.pod_used
+        add = store.add
         for old, new, was_bound, bound in node.sum_log:
             if old is not new:
-                sub_into(total, old)
-                add_into(total, new)
+                add("pod_request", row, old, -1)
+                add("pod_request", row, new, +1)
             if was_bound:
-                sub_into(bound_total, old)
+                add("pod_used", row, old, -1)
             if bound:
-                add_into(bound_total, new)
+                add("pod_used", row, new, +1)
         node.sum_log.clear()
 
 
@@ -341,6 +345,7 @@ def put_quota(state: ProjectedState, config: QuotaUpserted) -> QuotaUpserted | N
         # Same place in the tree and same claims: connectivity, depth and every
         # pod's association (rule 7) stay as they are; only numbers move.
         node.config = config
+        state.reconfigured.add(name)
         mark_dirty(state, name)
         state.refill.add(name)
         _mark_parent_refill(state, config.parent)
@@ -348,6 +353,7 @@ def put_quota(state: ProjectedState, config: QuotaUpserted) -> QuotaUpserted | N
     state.tree_version += 1
     if node is None:
         node = state.quotas[name] = QuotaNode(config=config)
+        state.attach(node)
     else:
         if previous is not None and previous.parent != config.parent:
             _discard(state.children_of, previous.parent, name)
@@ -370,11 +376,15 @@ def drop_quota(state: ProjectedState, name: str) -> None:
     """Remove a validated-removable quota (no children, no pods)."""
     node = state.quotas.pop(name)
     state.tree_version += 1
+    if node.store is state.columns:
+        state.columns.release_row(node.row)
+        node.store = None
     _discard(state.children_of, node.config.parent, name)
     for ns in node.config.namespaces:
         if state.namespace_claims.get(ns) == name:
             del state.namespace_claims[ns]
     _mark_parent_refill(state, node.config.parent)
+    state.reconfigured.discard(name)
     state.decrease_deadlines.pop(name, None)
     state.owing_since.pop(name, None)
     state.owing_held.discard(name)
