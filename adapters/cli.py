@@ -751,71 +751,6 @@ def _parse_digests(values: Sequence[str] | None) -> dict[int, bytes]:
     return digests
 
 
-def _audit_segment_job(path: str, start: int, end: int) -> Any:
-    """A worker process of ``audit --jobs``: one segment (picklable by name)."""
-    from quotaledger.engine.audit import audit_segment
-
-    tune_gc()
-    return _with_ledger_records(Path(path), lambda source: audit_segment(source, start, end))
-
-
-def _ledger_last_offset(path: Path) -> int:
-    """The offset of a ledger's last record, without reading the records (SQLite)."""
-    if _is_jsonl(path):
-        return len(_jsonl_ledger_records(path)) - 1
-    if not path.exists():
-        raise UserError(f"{path}: no such file")
-
-    async def run() -> int:
-        from .sqlite_ledger import SqliteLedger
-
-        ledger = await SqliteLedger.open(str(path), read_only=True)
-        try:
-            return await ledger.last_offset()
-        finally:
-            await ledger.close()
-
-    return asyncio.run(run())
-
-
-def _audit_parallel(path: Path, jobs: int, digests: dict[int, bytes]) -> Any:
-    """``audit --jobs N``: the decisions in N segments in parallel processes, each
-    starting from the fold of the records before it, its start state hash checked
-    against the previous segment's end (DECISIONS 45), while this process checks
-    the digest chain over every record (DECISIONS 121). Any disagreement (a gap,
-    a ledger that grew meanwhile, a segment mismatch) falls back to one process."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    from quotaledger.engine.audit import (
-        SegmentMismatch,
-        audit,
-        chain_pass,
-        merge_segments,
-        segments,
-    )
-
-    def single() -> Any:
-        return _with_ledger_records(path, lambda source: audit(source, digests=digests))
-
-    last_offset = _ledger_last_offset(path)
-    if last_offset < 1:
-        return single()
-    ranges = segments(last_offset, max(1, jobs - 1))
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=len(ranges), mp_context=context) as pool:
-        futures = [pool.submit(_audit_segment_job, str(path), a, b) for a, b in ranges]
-        chained = _with_ledger_records(path, lambda source: chain_pass(source, digests))
-        results = [future.result() for future in futures]
-    if chained.damage or chained.last_offset != last_offset:
-        return single()
-    try:
-        return merge_segments(chained, results)
-    except SegmentMismatch as exc:
-        warn(f"{exc}; auditing in one process instead")
-        return single()
-
-
 def cmd_audit(args: argparse.Namespace) -> int:
     from quotaledger.engine.audit import audit
     from quotaledger.engine.audit_words import report_json, report_text
@@ -825,7 +760,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
         raise UserError("--jobs must be at least 1")
     ledger = _ledger_arg(args.ledger)
     if args.jobs > 1 and isinstance(ledger, Path):
-        report = _audit_parallel(ledger, args.jobs, digests)
+        from .audit_jobs import audit_parallel
+
+        report = audit_parallel(ledger, args.jobs, digests)
     else:
         report = _with_ledger_records(
             ledger, lambda source: audit(source, digests=digests), "audit"
