@@ -314,3 +314,48 @@ def test_cli_jobs_from_snapshots_print_what_one_process_prints(
     assert (code, out) in outputs[""]
     assert f"snapshot at offset {stops[1]} does not hold the state" in err
     assert "checksum" in err
+
+
+def test_cli_jobs_on_a_ledger_an_engine_checkpointed(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The bench's ledger shape: an engine's snapshots, each followed by its
+    LedgerDigest, and LedgerDigests in between (their state hashes are checked
+    per segment, the first one of a segment against its snapshot's)."""
+    from quotaledger.adapters.bench_fold import measure_sqlite
+    from quotaledger.adapters.workload import generate
+
+    work = generate(quotas=60, pods=600, nodes=8, events=4000, seed=3)
+    path = str(tmp_path / "bench.db")
+    *_, checkpoints = measure_sqlite(work.records, path, snapshot_every=1000, digest_every=300)
+    assert checkpoints is not None and checkpoints.snapshots >= 4
+    with sqlite3.connect(path) as conn:
+        offsets = [row[0] for row in conn.execute("SELECT offset FROM snapshots ORDER BY 1")]
+        kinds = {
+            offset: payload
+            for offset, payload in conn.execute("SELECT offset, payload FROM records")
+        }
+    assert all("LedgerDigest" in kinds[offset + 1] for offset in offsets)
+    outputs = set()
+    for jobs in ("1", "2", "3"):
+        code, out, err = _cli(capsys, "audit", path, "--json", "--jobs", jobs)
+        assert code == 0 and "warning" not in err, err
+        outputs.add(out)
+    assert len(outputs) == 1
+    document = json.loads(outputs.pop())
+    assert len(document["digests"]) == checkpoints.digests
+    assert all(check["verified"] for check in document["digests"])
+    # a forged state hash in a LedgerDigest right after a segment's snapshot
+    first = offsets[len(offsets) // 2] + 1
+    event = json.loads(kinds[first])
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "UPDATE records SET payload = ? WHERE offset = ?",
+            (json.dumps({**event, "state_hash": "0" * 64}), first),
+        )
+    results = {_cli(capsys, "audit", path, "--json", "--jobs", jobs)[:2] for jobs in "123"}
+    assert len(results) == 1
+    code, out = results.pop()
+    assert code == 1
+    codes = [p["code"] for c in json.loads(out)["digests"] for p in c["problem_data"]]
+    assert "state-hash-mismatch" in codes
