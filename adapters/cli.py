@@ -1168,9 +1168,11 @@ def build_parser() -> argparse.ArgumentParser:
         " their order are what the rules give, the outcome follows from the evictions'"
         " outcomes. A decision the facts do not justify is FLAGGED; one the ledger's guard"
         " refused (a second engine's late proposal, a stale epoch) is listed as REFUSED and"
-        " counted apart: the guard working is not a failure. Audit never starts from a"
-        " snapshot: it folds from offset 0, checks the digest chain (DESIGN §9) against every"
-        " LedgerDigest record and every --digest, and names the records that changed.\n\n"
+        " counted apart: the guard working is not a failure. Audit re-derives every record"
+        " from offset 0 (with --jobs, a segment may start from one of the ledger's snapshots,"
+        " which the segment before must reproduce exactly, else it is named in a warning and"
+        " audited past), checks the digest chain (DESIGN §9) against every LedgerDigest"
+        " record and every --digest, and names the records that changed.\n\n"
         "LEDGER is a SQLite ledger (e.g. `simulate --out`) or a JSONL file holding decisions"
         " (an export starting with its LedgerOpened line keeps its offsets). Read only.\n\n"
         "exit status: 0 when no decision is flagged and every digest matches; 1 when an"
@@ -1209,7 +1211,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         metavar="N",
-        help="check N segments of the ledger in parallel processes (same result as 1)",
+        help="check the ledger in N parallel processes, cut at its snapshots when it has"
+        " some (each verified by the segment before); same output as 1",
     )
     audit.set_defaults(handler=cmd_audit)
 
