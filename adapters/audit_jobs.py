@@ -184,16 +184,16 @@ def _last_offset(path: Path) -> int:
     return asyncio.run(run())
 
 
-def _snapshot_offsets(path: Path) -> list[int]:
+def _snapshot_sizes(path: Path) -> list[tuple[int, int]]:
     from .cli import _is_jsonl
 
     if _is_jsonl(path):
         return []
 
-    async def run() -> list[int]:
+    async def run() -> list[tuple[int, int]]:
         ledger = await SqliteLedger.open(str(path), read_only=True)
         try:
-            return ledger.snapshot_offsets()
+            return ledger.snapshot_sizes()
         finally:
             await ledger.close()
 
@@ -215,7 +215,7 @@ def audit_parallel(path: Path, jobs: int, digests: dict[int, bytes]) -> AuditRep
     last_offset = _last_offset(path)
     if last_offset < 1:
         return single()
-    stops = plan_stops(_snapshot_offsets(path), last_offset, jobs)
+    stops = plan_stops(_snapshot_sizes(path), last_offset, jobs)
     if stops:
         report = _audit_spans(path, stops, last_offset, digests, warn, progress_for)
         if report is not None:
@@ -251,7 +251,8 @@ def _audit_spans(
     work = [(span_job, (str(path), start, stops, last_offset, digests)) for start in starts]
     progress = progress_for("audit", last_offset + 1, None)
     try:
-        results, _ = run_workers(work, progress)
+        # (a span discarded after a rejected snapshot counts too: capped at the total)
+        results, _ = run_workers(work, lambda done: progress(min(done, last_offset + 1)))
     finally:
         progress.close()
     if _last_offset(path) != last_offset:

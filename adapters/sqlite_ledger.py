@@ -567,20 +567,21 @@ class SqliteLedger:
         """The snapshot at exactly ``offset``, if any (synchronous: ``audit --jobs``)."""
         return self._select_snapshot("WHERE offset = ?", (offset,))
 
-    def snapshot_offsets(self) -> list[int]:
-        """The offsets of the snapshots that store a digest and a state hash (the
-        only ones a reader may use), ascending (synchronous: ``audit --jobs``)."""
+    def snapshot_sizes(self) -> list[tuple[int, int]]:
+        """``(offset, blob length)`` of the snapshots that store a digest and a state
+        hash (the only ones a reader may use), by offset (synchronous: ``audit
+        --jobs`` plans its segments with them; the blobs are not read)."""
         self._check_open()
         try:
             if not _snapshot_columns(self._rconn) >= set(_SNAPSHOT_META):
                 return []
             rows = self._rconn.execute(
-                "SELECT offset FROM snapshots WHERE digest IS NOT NULL"
+                "SELECT offset, length(blob) FROM snapshots WHERE digest IS NOT NULL"
                 " AND state_hash IS NOT NULL ORDER BY offset"
             ).fetchall()
         except (sqlite3.Error, ValueError) as exc:
             raise LedgerError(f"reading the snapshots of {self._path} failed: {exc}") from None
-        return [row[0] for row in rows if type(row[0]) is int]
+        return [(row[0], row[1]) for row in rows if type(row[0]) is int and type(row[1]) is int]
 
     def _select_snapshot(self, where: str, params: tuple[int, ...]) -> Snapshot | None:
         self._check_open()

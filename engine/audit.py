@@ -1125,17 +1125,32 @@ def audit_span(
     )
 
 
-def plan_stops(offsets: Sequence[int], last_offset: int, jobs: int) -> list[int]:
-    """Segment boundaries for ``jobs`` processes: for each even split of
-    ``0..last_offset``, the snapshot offset nearest to it (a segment starts
-    after its snapshot, so one at ``last_offset`` is of no use)."""
-    usable = sorted({offset for offset in offsets if 0 <= offset < last_offset})
-    stops: set[int] = set()
+def plan_stops(snapshots: Sequence[tuple[int, int]], last_offset: int, jobs: int) -> list[int]:
+    """Segment boundaries for ``jobs`` processes among the ``(offset, size)`` of
+    the ledger's snapshots: for each even split of the work, the snapshot where
+    the work done so far is nearest to it (ties: the earlier; one at
+    ``last_offset`` is of no use, a segment starts after its snapshot).
+
+    The work of a record grows with the state it is folded into (settling,
+    and above all the state hash of each ``LedgerDigest``), and a snapshot's
+    size measures that state: records between two snapshots weigh the mean of
+    their sizes, records before the first half of its size (the state grows
+    from empty), records after the last its size.
+    """
+    usable = sorted({(o, size) for o, size in snapshots if 0 <= o < last_offset})
     if not usable:
         return []
+    work: list[tuple[int, float]] = []  # (offset, work of records 0..offset)
+    done, previous, previous_size = 0.0, -1, 0
+    for offset, size in usable:
+        done += (offset - previous) * (previous_size + size) / 2
+        work.append((offset, done))
+        previous, previous_size = offset, size
+    total = done + (last_offset - previous) * previous_size
+    stops: set[int] = set()
     for k in range(1, jobs):
-        target = (last_offset + 1) * k // jobs - 1
-        stops.add(min(usable, key=lambda offset: (abs(offset - target), offset)))
+        target = total * k / jobs
+        stops.add(min(work, key=lambda item: (abs(item[1] - target), item[0]))[0])
     return sorted(stops)
 
 

@@ -250,12 +250,21 @@ def test_a_forged_snapshot_is_named_and_the_segment_audited_again() -> None:
     assert len(warnings) == 1 and "leaves out" in warnings[0]
 
 
-def test_plan_stops_takes_the_snapshot_nearest_to_each_even_split() -> None:
+def test_plan_stops_splits_the_work_at_the_nearest_snapshots() -> None:
+    same_size = [(10, 1), (45, 1), (52, 1), (100, 1)]
     assert plan_stops([], 100, 2) == []
-    assert plan_stops([10, 45, 52, 100], 100, 2) == [52]  # target 49: 52 is nearer than 45
-    assert plan_stops([10, 45, 90], 100, 3) == [45]  # nearest to 32 and to 66 alike
-    assert plan_stops([5, 30, 60, 99], 99, 4) == [30, 60]  # 99 ends the ledger: no use
-    assert plan_stops([-1, 200], 100, 2) == []
+    assert plan_stops(same_size, 100, 2) == [52]  # half of 95.5 is 47.75: 52 is nearest
+    assert plan_stops(same_size, 100, 1) == []
+    assert plan_stops([(5, 1), (30, 1), (60, 1), (99, 1)], 99, 4) == [30, 60]  # 99: no use
+    assert plan_stops([(-1, 1), (200, 1)], 100, 2) == []
+    # the bench's shape: the state grows while the pods arrive, then stays; the split
+    # is later than the even split of the records (550), where the work is halved
+    bench = [
+        (offset, 17 if offset == 50 else 36 if offset == 100 else 38)
+        for offset in range(50, 1101, 50)
+    ]
+    assert plan_stops(bench, 1111, 2) == [600]
+    assert plan_stops(bench, 1111, 3) == [400, 750]
 
 
 # ---------------------------------------------------------------- through the CLI
