@@ -1,7 +1,9 @@
 """Audit: re-derive every decision of a ledger from the facts and check its digests
 (DESIGN §7 audit, §9 integrity). This module decides; :mod:`.audit_words` says it.
 
-The ledger is folded from offset 0 (audit never starts from a snapshot). Each
+Every record is folded from offset 0: by this pass, or, in a parallel audit, by
+the segment before a snapshot that the next segment starts from once the
+records reproduce it (:func:`audit_span`; a snapshot is never believed). Each
 preemption decision is checked against what the reconcilers' pure functions
 (:mod:`quotaledger.projections.plans`) decide on the state the decision names as
 its ``basis``:
