@@ -215,7 +215,12 @@ def audit_parallel(path: Path, jobs: int, digests: dict[int, bytes]) -> AuditRep
     last_offset = _last_offset(path)
     if last_offset < 1:
         return single()
-    stops = plan_stops(_snapshot_sizes(path), last_offset, jobs)
+    try:
+        sizes = _snapshot_sizes(path)
+    except LedgerError as exc:  # snapshots are a cache: audit without them
+        warn(f"{exc}; auditing without snapshots")
+        sizes = []
+    stops = plan_stops(sizes, last_offset, jobs)
     if stops:
         report = _audit_spans(path, stops, last_offset, digests, warn, progress_for)
         if report is not None:
@@ -253,6 +258,9 @@ def _audit_spans(
     try:
         # (a span discarded after a rejected snapshot counts too: capped at the total)
         results, _ = run_workers(work, lambda done: progress(min(done, last_offset + 1)))
+    except LedgerError as exc:
+        warn(f"{exc}; auditing in one process instead")
+        return None
     finally:
         progress.close()
     if _last_offset(path) != last_offset:

@@ -47,7 +47,7 @@ from typing import Any
 
 from quotaledger.events.codec import EventError, decode_event, peek_kind
 from quotaledger.events.digest import DigestChain, next_digest, parse_digest
-from quotaledger.events.ledger import Record, Snapshot
+from quotaledger.events.ledger import LedgerError, Record, Snapshot
 from quotaledger.events.model import (
     DECISION_TYPES,
     ClocksObserved,
@@ -1093,7 +1093,7 @@ def audit_span(
     if start is not None:
         try:
             prefix, start_mark = _snapshot_start(snapshot_at(start), start)
-        except ValueError as exc:
+        except (ValueError, LedgerError) as exc:
             return SpanResult(begin, start, None, str(exc), None, [], AuditReport(), [])
     auditor = Auditor(source, digests=given, start=prefix)
     pending = sorted(offset for offset in stops if begin <= offset < end)
@@ -1111,7 +1111,12 @@ def audit_span(
             progress(done)
         if pending and record.offset == pending[0]:
             stop = pending.pop(0)
-            verdict = _reproduces(auditor, snapshot_at(stop), stop)
+            try:
+                snapshot = snapshot_at(stop)
+            except LedgerError as exc:
+                rejected.append((stop, f"it cannot be read ({exc})"))
+                continue
+            verdict = _reproduces(auditor, snapshot, stop)
             if isinstance(verdict, SnapshotMark):
                 accepted = verdict
                 break

@@ -368,3 +368,21 @@ def test_cli_jobs_on_a_ledger_an_engine_checkpointed(
     assert code == 1
     codes = [p["code"] for c in json.loads(out)["digests"] for p in c["problem_data"]]
     assert "state-hash-mismatch" in codes
+
+
+def test_an_unreadable_snapshot_row_is_audited_past(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A damaged row of the snapshot table (a blob that is no blob) is named in a
+    warning and audited past; it never fails the audit (snapshots are a cache)."""
+    example = "overuse.jsonl"
+    last = simulated_records(example)[-1].offset
+    stops = [last // 2]
+    path = _ledger_with_snapshots(tmp_path, example, stops)
+    expected = _cli(capsys, "audit", str(path), "--json")[:2]
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE snapshots SET blob = 5 WHERE offset = ?", (stops[0],))
+    code, out, err = _cli(capsys, "audit", str(path), "--json", "--jobs", "2")
+    assert (code, out) == expected
+    assert f"snapshot at offset {stops[0]} does not hold the state" in err
+    assert "cannot be read" in err and "Traceback" not in err
