@@ -19,7 +19,12 @@ CLI, which sets ``adapters.cli.GC_THRESHOLDS``):
 * ``replay_1m_s``, ``audit_1m_s``, ``audit_1m_jobs2_s``: wall seconds of ``quotaledger
   replay --no-snapshot --json``, ``audit`` and ``audit --jobs 2`` of the SQLite ledger the
   append figure wrote (every record of the workload), each a new process (start included),
-  run interleaved, best of ``cli_runs``; ``audit_jobs2_vs_1`` is their ratio.
+  run interleaved, best of ``cli_runs``; ``audit_jobs2_vs_1`` is their ratio. A live
+  engine (election off, the engine's default intervals) follows that ledger as it is
+  written and leaves what a running engine leaves: a ``LedgerDigest`` every
+  ``digest_every`` records and a snapshot every ``snapshot_every``
+  (:class:`EngineCheckpoints`; ``ledger_digests``, ``ledger_snapshots``); its work and
+  appends are outside the append figure.
 * ``digest_chain_events_per_s``: the digest chain alone (sha256 per record, DESIGN §9)
   over the churn records, the part of the fold figure it costs (issue #11).
 
@@ -42,15 +47,18 @@ import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
+from quotaledger.engine.live import LiveEngine, SimulateExecutor
 from quotaledger.events.codec import decode_event
 from quotaledger.events.ledger import Record
 from quotaledger.events.model import Event
 from quotaledger.projections import Projection, recompute_all
 
+from .sqlite_ledger import SqliteLedger
 from .workload import BASE_TS, Clock, Workload, generate
 
 REPLAY_EVENTS = 10_000_000
@@ -205,21 +213,75 @@ def fold_pods_traced(projection: Projection, pods: Sequence[Record]) -> float:
     return (after - before) / max(1, len(pods))
 
 
-async def _sqlite(payloads: Sequence[tuple[bytes, int]], path: str) -> tuple[float, float, int]:
-    from quotaledger.events.ledger import Append
+@dataclass(slots=True)
+class EngineCheckpoints:
+    """A live engine following the bench ledger as it is written, with election
+    off (so it may append) and the engine's intervals: after each batch it
+    folds, a ``LedgerDigest`` every ``digest_every`` records and a snapshot
+    (with its ``LedgerDigest``) every ``snapshot_every``, by the engine's own
+    :meth:`~quotaledger.engine.live.LiveEngine.checkpoint` (issue #11: an
+    audit of the bench ledger meets the snapshots a running engine leaves)."""
 
-    from .sqlite_ledger import SqliteLedger
+    engine: LiveEngine
+    since_snapshot: int = 0
+    since_digest: int = 0
+    digests: int = 0
+    snapshots: int = 0
+
+    async def follow(self, ledger: SqliteLedger) -> None:
+        """Fold what was appended since the last call, then checkpoint as the
+        engine's follower does after a batch (``LiveEngine._follow``)."""
+        engine = self.engine
+        for batch in ledger.iter_batches(engine.state.offset + 1):
+            apply = engine.fold.apply
+            for record in batch:
+                apply(record)
+            self.since_snapshot += len(batch)
+            self.since_digest += len(batch)
+            if self.since_snapshot >= engine.snapshot_every:
+                self.since_snapshot = self.since_digest = 0
+                self.snapshots += 1
+                self.digests += 1
+                await engine.checkpoint(snapshot=True)
+            elif self.since_digest >= engine.digest_every:
+                self.since_digest = 0
+                self.digests += 1
+                await engine.checkpoint(snapshot=False)
+
+
+async def _sqlite(
+    payloads: Sequence[tuple[bytes, int]],
+    path: str,
+    snapshot_every: int | None = None,
+    digest_every: int = 10_000,
+) -> tuple[float, float, int, EngineCheckpoints | None]:
+    from quotaledger.events.ledger import Append
 
     batches = [
         [Append(payload=payload, ts=ts) for payload, ts in payloads[i : i + 1000]]
         for i in range(0, len(payloads), 1000)
     ]
     ledger = await SqliteLedger.open(path, ledger_id="bench", clock_ms=lambda: BASE_TS)
+    checkpoints: EngineCheckpoints | None = None
+    if snapshot_every is not None:
+        engine = LiveEngine(
+            ledger,
+            SimulateExecutor(),
+            instance="bench",
+            election=False,
+            snapshot_every=snapshot_every,
+            digest_every=digest_every,
+            clock_ms=lambda: BASE_TS,
+        )
+        checkpoints = EngineCheckpoints(engine)
     try:
-        start = time.perf_counter()
+        append_s = 0.0
         for batch in batches:
+            start = time.perf_counter()
             await ledger.append(batch)
-        append_s = time.perf_counter() - start
+            append_s += time.perf_counter() - start
+            if checkpoints is not None:  # not timed: the engine's work, not the ledger's
+                await checkpoints.follow(ledger)
         read_s = float("inf")
         count = 0
         for _ in range(2):
@@ -230,13 +292,21 @@ async def _sqlite(payloads: Sequence[tuple[bytes, int]], path: str) -> tuple[flo
             read_s = min(read_s, time.perf_counter() - start)
     finally:
         await ledger.close()
-    return append_s, read_s, count
+    return append_s, read_s, count, checkpoints
 
 
-def measure_sqlite(records: Sequence[Record], path: str) -> tuple[float, float, int]:
-    """(append seconds, read seconds, records read) through a new SQLite ledger at ``path``."""
+def measure_sqlite(
+    records: Sequence[Record],
+    path: str,
+    snapshot_every: int | None = None,
+    digest_every: int = 10_000,
+) -> tuple[float, float, int, EngineCheckpoints | None]:
+    """(append seconds, read seconds, records read, the engine's checkpoints) through
+    a new SQLite ledger at ``path``; with ``snapshot_every`` an engine follows the
+    writes and leaves its digests and snapshots (:class:`EngineCheckpoints`; their
+    appends are not timed)."""
     payloads = [(record.payload, record.ts) for record in records[1:]]  # open writes record 0
-    return asyncio.run(_sqlite(payloads, path))
+    return asyncio.run(_sqlite(payloads, path, snapshot_every, digest_every))
 
 
 def time_cli(*argv: str) -> float:
@@ -297,6 +367,8 @@ def run(
     seed: int = 1,
     progress: Callable[[str], None] | None = _log,
     cli_runs: int = 2,
+    snapshot_every: int = 50_000,
+    digest_every: int = 10_000,
 ) -> dict[str, Any]:
     """Generate the workload, take every measurement, return the report."""
     say = progress or (lambda message: None)
@@ -340,10 +412,17 @@ def run(
 
     with tempfile.TemporaryDirectory(prefix="quotaledger-bench-") as directory:
         path = os.path.join(directory, "bench.db")
-        append_s, read_s, read_count = measure_sqlite(work.records, path)
-        append_rate = (read_count - 1) / append_s
+        append_s, read_s, read_count, checkpoints = measure_sqlite(
+            work.records, path, snapshot_every, digest_every
+        )
+        assert checkpoints is not None
+        append_rate = (len(work.records) - 1) / append_s
         read_rate = read_count / read_s
         say(f"sqlite: append {append_rate:,.0f} events/s, read {read_rate:,.0f} events/s")
+        say(
+            f"the engine left {checkpoints.snapshots} snapshot(s) and"
+            f" {checkpoints.digests} LedgerDigest record(s) in the ledger"
+        )
         cli = measure_cli(path, cli_runs)
     say(
         f"through the CLI: replay {cli['replay_1m_s']:.2f} s, audit {cli['audit_1m_s']:.2f} s,"
@@ -371,6 +450,10 @@ def run(
         "audit_1m_s": round(cli["audit_1m_s"], 2),
         "audit_1m_jobs2_s": round(cli["audit_1m_jobs2_s"], 2),
         "audit_jobs2_vs_1": round(cli["audit_1m_jobs2_s"] / cli["audit_1m_s"], 3),
+        "ledger_snapshots": checkpoints.snapshots,
+        "ledger_digests": checkpoints.digests,
+        "snapshot_every": snapshot_every,
+        "digest_every": digest_every,
         "cpus": os.cpu_count(),
         "load_average_1m": round(os.getloadavg()[0], 2),
         "quotas": quotas,

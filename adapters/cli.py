@@ -751,71 +751,6 @@ def _parse_digests(values: Sequence[str] | None) -> dict[int, bytes]:
     return digests
 
 
-def _audit_segment_job(path: str, start: int, end: int) -> Any:
-    """A worker process of ``audit --jobs``: one segment (picklable by name)."""
-    from quotaledger.engine.audit import audit_segment
-
-    tune_gc()
-    return _with_ledger_records(Path(path), lambda source: audit_segment(source, start, end))
-
-
-def _ledger_last_offset(path: Path) -> int:
-    """The offset of a ledger's last record, without reading the records (SQLite)."""
-    if _is_jsonl(path):
-        return len(_jsonl_ledger_records(path)) - 1
-    if not path.exists():
-        raise UserError(f"{path}: no such file")
-
-    async def run() -> int:
-        from .sqlite_ledger import SqliteLedger
-
-        ledger = await SqliteLedger.open(str(path), read_only=True)
-        try:
-            return await ledger.last_offset()
-        finally:
-            await ledger.close()
-
-    return asyncio.run(run())
-
-
-def _audit_parallel(path: Path, jobs: int, digests: dict[int, bytes]) -> Any:
-    """``audit --jobs N``: the decisions in N segments in parallel processes, each
-    starting from the fold of the records before it, its start state hash checked
-    against the previous segment's end (DECISIONS 45), while this process checks
-    the digest chain over every record (DECISIONS 121). Any disagreement (a gap,
-    a ledger that grew meanwhile, a segment mismatch) falls back to one process."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    from quotaledger.engine.audit import (
-        SegmentMismatch,
-        audit,
-        chain_pass,
-        merge_segments,
-        segments,
-    )
-
-    def single() -> Any:
-        return _with_ledger_records(path, lambda source: audit(source, digests=digests))
-
-    last_offset = _ledger_last_offset(path)
-    if last_offset < 1:
-        return single()
-    ranges = segments(last_offset, max(1, jobs - 1))
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=len(ranges), mp_context=context) as pool:
-        futures = [pool.submit(_audit_segment_job, str(path), a, b) for a, b in ranges]
-        chained = _with_ledger_records(path, lambda source: chain_pass(source, digests))
-        results = [future.result() for future in futures]
-    if chained.damage or chained.last_offset != last_offset:
-        return single()
-    try:
-        return merge_segments(chained, results)
-    except SegmentMismatch as exc:
-        warn(f"{exc}; auditing in one process instead")
-        return single()
-
-
 def cmd_audit(args: argparse.Namespace) -> int:
     from quotaledger.engine.audit import audit
     from quotaledger.engine.audit_words import report_json, report_text
@@ -825,7 +760,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
         raise UserError("--jobs must be at least 1")
     ledger = _ledger_arg(args.ledger)
     if args.jobs > 1 and isinstance(ledger, Path):
-        report = _audit_parallel(ledger, args.jobs, digests)
+        from .audit_jobs import audit_parallel
+
+        report = audit_parallel(ledger, args.jobs, digests)
     else:
         report = _with_ledger_records(
             ledger, lambda source: audit(source, digests=digests), "audit"
@@ -1231,9 +1168,11 @@ def build_parser() -> argparse.ArgumentParser:
         " their order are what the rules give, the outcome follows from the evictions'"
         " outcomes. A decision the facts do not justify is FLAGGED; one the ledger's guard"
         " refused (a second engine's late proposal, a stale epoch) is listed as REFUSED and"
-        " counted apart: the guard working is not a failure. Audit never starts from a"
-        " snapshot: it folds from offset 0, checks the digest chain (DESIGN §9) against every"
-        " LedgerDigest record and every --digest, and names the records that changed.\n\n"
+        " counted apart: the guard working is not a failure. Audit re-derives every record"
+        " from offset 0 (with --jobs, a segment may start from one of the ledger's snapshots,"
+        " which the segment before must reproduce exactly, else it is named in a warning and"
+        " audited past), checks the digest chain (DESIGN §9) against every LedgerDigest"
+        " record and every --digest, and names the records that changed.\n\n"
         "LEDGER is a SQLite ledger (e.g. `simulate --out`) or a JSONL file holding decisions"
         " (an export starting with its LedgerOpened line keeps its offsets). Read only.\n\n"
         "exit status: 0 when no decision is flagged and every digest matches; 1 when an"
@@ -1272,7 +1211,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         metavar="N",
-        help="check N segments of the ledger in parallel processes (same result as 1)",
+        help="check the ledger in N parallel processes, cut at its snapshots when it has"
+        " some (each verified by the segment before); same output as 1",
     )
     audit.set_defaults(handler=cmd_audit)
 

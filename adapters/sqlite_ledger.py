@@ -561,20 +561,38 @@ class SqliteLedger:
 
     async def load_snapshot(self, at_most: int | None = None) -> Snapshot | None:
         """The newest snapshot whose offset is ``<= at_most`` (the newest if None)."""
+        if at_most is None:
+            return self._select_snapshot("ORDER BY offset DESC LIMIT 1", ())
+        return self._select_snapshot("WHERE offset <= ? ORDER BY offset DESC LIMIT 1", (at_most,))
+
+    def snapshot_at(self, offset: int) -> Snapshot | None:
+        """The snapshot at exactly ``offset``, if any (synchronous: ``audit --jobs``)."""
+        return self._select_snapshot("WHERE offset = ?", (offset,))
+
+    def snapshot_sizes(self) -> list[tuple[int, int]]:
+        """``(offset, blob length)`` of the snapshots that store a digest and a state
+        hash (the only ones a reader may use), by offset (synchronous: ``audit
+        --jobs`` plans its segments with them; the blobs are not read)."""
+        self._check_open()
+        try:
+            if not _snapshot_columns(self._rconn) >= set(_SNAPSHOT_META):
+                return []
+            rows = self._rconn.execute(
+                "SELECT offset, length(blob) FROM snapshots WHERE digest IS NOT NULL"
+                " AND state_hash IS NOT NULL ORDER BY offset"
+            ).fetchall()
+        except (sqlite3.Error, ValueError) as exc:
+            raise LedgerError(f"reading the snapshots of {self._path} failed: {exc}") from None
+        return [(row[0], row[1]) for row in rows if type(row[0]) is int and type(row[1]) is int]
+
+    def _select_snapshot(self, where: str, params: tuple[int, ...]) -> Snapshot | None:
         self._check_open()
         try:
             has_meta = _snapshot_columns(self._rconn) >= set(_SNAPSHOT_META)
             columns = "offset, blob, digest, state_hash, checksum" if has_meta else "offset, blob"
-            if at_most is None:
-                rows = self._rconn.execute(
-                    f"SELECT {columns} FROM snapshots ORDER BY offset DESC LIMIT 1"
-                ).fetchall()
-            else:
-                rows = self._rconn.execute(
-                    f"SELECT {columns} FROM snapshots WHERE offset <= ? "
-                    "ORDER BY offset DESC LIMIT 1",
-                    (at_most,),
-                ).fetchall()
+            rows = self._rconn.execute(
+                f"SELECT {columns} FROM snapshots {where}", params
+            ).fetchall()
         except (sqlite3.Error, ValueError) as exc:
             raise LedgerError(f"reading a snapshot from {self._path} failed: {exc}") from None
         if not rows:

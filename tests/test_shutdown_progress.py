@@ -228,6 +228,76 @@ def test_long_command_logs_progress_and_stops_on_signal(
     assert _snapshots(ledger) == 0
 
 
+def _children(pid: int) -> list[int]:
+    """The pids of a process's children (from /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def _running(pid: int) -> bool:
+    """Is the process there and not a zombie?"""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def _append(path: Path, payloads: list[bytes], ts: int) -> None:
+    ledger = await SqliteLedger.open(str(path))
+    try:
+        for start in range(0, len(payloads), 1000):
+            await ledger.append([Append(p, ts=ts) for p in payloads[start : start + 1000]])
+    finally:
+        await ledger.close()
+
+
+@pytest.mark.slow
+def test_parallel_audit_logs_progress_and_stops_its_workers_on_sigterm(
+    big: dict[str, Path],
+) -> None:
+    """``audit --jobs 2`` from a snapshot in the middle of the ledger: one progress
+    line for all workers, and SIGTERM ends the command and its worker processes."""
+    payloads = list(_payloads(RECORDS))
+    ledger = big["root"] / "snapshotted.db"
+    half = RECORDS // 2
+    asyncio.run(_build(ledger, payloads[:half]))
+    assert main(["snapshot", str(ledger)]) == 0
+    asyncio.run(_append(ledger, payloads[half:], half))
+    before = _records(ledger)
+    process = _spawn("audit", "--jobs", "2", str(ledger))
+    lines = StderrLines(process)
+    try:
+        lines.wait_for(PROGRESS, 2)
+        workers = _children(process.pid)
+    finally:
+        if process.poll() is None and not workers:
+            process.kill()
+    assert len(workers) >= 2, workers  # the two segments (and multiprocessing's tracker)
+    code, took = _stop_in_the_middle(process, lines, PROGRESS, signal.SIGTERM)
+    err = lines.text()
+    assert code == 143, err
+    assert "quotaledger: stopped by SIGTERM" in err
+    assert "Traceback" not in err, err
+    assert took < STOP_BOUND_S, f"{took:.2f} s from SIGTERM to exit"
+    progress = [line for line in err.splitlines() if PROGRESS.search(line)]
+    assert all(f"/{before:,} " in line for line in progress), progress
+    deadline = time.monotonic() + STOP_BOUND_S
+    while time.monotonic() < deadline and any(_running(pid) for pid in workers):
+        time.sleep(0.05)
+    alive = [pid for pid in workers if _running(pid)]
+    assert not alive, f"worker processes still running: {alive}"
+    assert _records(ledger) == before
+
+
 @pytest.mark.slow
 def test_ingest_stops_on_sigterm_between_whole_batches(big: dict[str, Path]) -> None:
     target = big["root"] / "ingested.db"
