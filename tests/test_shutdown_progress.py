@@ -282,15 +282,14 @@ def test_parallel_audit_logs_progress_and_stops_its_workers_on_sigterm(
         if process.poll() is None and not workers:
             process.kill()
     assert len(workers) >= 2, workers  # the two segments (and multiprocessing's tracker)
-    code, took = _stop_in_the_middle(process, lines, PROGRESS, signal.SIGTERM)
+    code = _stop_in_the_middle(process, lines, PROGRESS, signal.SIGTERM)  # asserts the bounds
     err = lines.text()
     assert code == 143, err
     assert "quotaledger: stopped by SIGTERM" in err
     assert "Traceback" not in err, err
-    assert took < STOP_BOUND_S, f"{took:.2f} s from SIGTERM to exit"
     progress = [line for line in err.splitlines() if PROGRESS.search(line)]
     assert all(f"/{before:,} " in line for line in progress), progress
-    deadline = time.monotonic() + STOP_BOUND_S
+    deadline = time.monotonic() + STOP_BOUND_S + SCHEDULING_MARGIN_S
     while time.monotonic() < deadline and any(_running(pid) for pid in workers):
         time.sleep(0.05)
     alive = [pid for pid in workers if _running(pid)]
