@@ -15,22 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from quotaledger.projections.columns import DERIVED
 from quotaledger.projections.resources import RL, add_into, water_fill_ordered
 from quotaledger.projections.state import BUILTIN, DEFAULT, ROOT, SYSTEM, ProjectedState
 from quotaledger.projections.terms import Terms, kept_local
 
-FIELDS = (
-    "pod_request",
-    "pod_used",
-    "request",
-    "limited_request",
-    "used",
-    "subtree",
-    "local",
-    "usage",
-    "effective_min",
-    "runtime",
-)
+FIELDS = ("pod_request", "pod_used", *DERIVED)
 
 
 @dataclass

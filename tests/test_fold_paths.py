@@ -19,19 +19,12 @@ from quotaledger.events.ledger import Record
 from quotaledger.projections import Projection
 from quotaledger.projections.snapshot import dump, load
 
+from .test_projection_properties import POD_INDEXES as INDEXES
+
 #: An event as JSON-able data.
 Doc = dict[str, Any]
 RESOURCES = ["cpu", "memory", "nvidia.com/gpu"]
 PODS = ["p0", "p1", "p2", "p3"]
-INDEXES = (
-    "pod_quota",
-    "namespace_pods",
-    "field_pods",
-    "pending_pods",
-    "pending_by_quota",
-    "pending_index",
-    "pending_amounts",
-)
 
 #: Requests as they come on the wire: a few shared amounts (so buckets are
 #: shared between pods), zeros (never indexed) and missing resources.

@@ -14,6 +14,17 @@ from quotaledger.projections.state import BUILTIN, ROOT
 
 from .scenarios import assert_same_state, fold, histories, rejections
 
+#: The pod indexes a snapshot restore rebuilds (compared with the fold's own).
+POD_INDEXES = (
+    "pod_quota",
+    "namespace_pods",
+    "field_pods",
+    "pending_pods",
+    "pending_by_quota",
+    "pending_index",
+    "pending_amounts",
+)
+
 PROPERTY = settings(max_examples=150, deadline=None)
 
 
@@ -112,15 +123,7 @@ def test_pod_indexes_equal_those_rebuilt_from_scratch(history: list[Event]) -> N
     attaching each pod afresh would (snapshot restore rebuilds them that way)."""
     state = fold(history).settled()
     rebuilt = load(dump(state))
-    for index in (
-        "pod_quota",
-        "namespace_pods",
-        "field_pods",
-        "pending_pods",
-        "pending_by_quota",
-        "pending_index",
-        "pending_amounts",
-    ):
+    for index in POD_INDEXES:
         assert getattr(state, index) == getattr(rebuilt, index), index
     for name, node in state.quotas.items():
         again = rebuilt.quotas[name]
