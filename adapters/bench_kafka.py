@@ -43,7 +43,7 @@ from quotaledger.engine.fold_loop import fold
 from quotaledger.events.ledger import Append, Record
 from quotaledger.projections import Projection
 
-from .kafka_ledger import FETCH_BYTES, PRODUCER_BATCH_BYTES, KafkaLedger
+from .kafka_ledger import FETCH_BYTES, KafkaLedger, producer_settings
 
 TARGET_LEDGER_VS_RAW = 0.7
 TARGET_REPLAY_VS_SQLITE = 0.9
@@ -52,6 +52,21 @@ APPEND_BATCH = 1000
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def tansu_command(binary: str, listener: str, storage: str) -> list[str]:
+    """The command starting a tansu broker on ``listener`` (``tcp://HOST:PORT``, also
+    advertised) with ``storage`` (``memory://tansu/`` or ``s3://BUCKET/``), DESIGN §3."""
+    return [
+        binary,
+        "broker",
+        "--listener-url",
+        listener,
+        "--advertised-listener-url",
+        listener,
+        "--storage-engine",
+        storage,
+    ]
 
 
 @contextlib.contextmanager
@@ -70,16 +85,7 @@ def tansu_broker() -> Iterator[str]:
         port = sock.getsockname()[1]
     listener = f"tcp://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [
-            str(binary),
-            "broker",
-            "--listener-url",
-            listener,
-            "--advertised-listener-url",
-            listener,
-            "--storage-engine",
-            "memory://tansu/",
-        ],
+        tansu_command(str(binary), listener, "memory://tansu/"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -108,14 +114,7 @@ async def _raw_produce(bootstrap: str, topic: str, payloads: Sequence[tuple[byte
     await admin.start()
     await admin.create_topics([NewTopic(topic, 1, 1)])
     await admin.close()
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap,
-        acks="all",
-        enable_idempotence=False,
-        max_batch_size=PRODUCER_BATCH_BYTES,
-        max_request_size=PRODUCER_BATCH_BYTES + 65536,
-        linger_ms=0,
-    )
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **producer_settings())
     await producer.start()
     try:
         # aiokafka's fastest path, as the ledger uses it: one record batch per

@@ -68,6 +68,21 @@ _MAX_TS = (datetime(9000, 1, 1, tzinfo=UTC) - _EPOCH) // timedelta(milliseconds=
 TOPIC_CONFIG = {"retention.ms": "-1", "cleanup.policy": "delete"}
 #: Bigger batches than aiokafka's defaults: a ledger is read and written in bulk.
 PRODUCER_BATCH_BYTES = 1_000_000
+
+
+def producer_settings() -> dict[str, Any]:
+    """The producer settings of a ledger's appends (DESIGN §3, §10: ``acks=all``; tansu has
+    no idempotent producer): one record batch of up to ``PRODUCER_BATCH_BYTES`` per request,
+    sent at once. ``bench kafka`` gives plain aiokafka the same settings."""
+    return {
+        "acks": "all",
+        "enable_idempotence": False,
+        "max_batch_size": PRODUCER_BATCH_BYTES,
+        "max_request_size": PRODUCER_BATCH_BYTES + 65536,
+        "linger_ms": 0,
+    }
+
+
 #: How long the broker may wait for a first record on a read without follow (ms).
 TAIL_WAIT_MS = 50
 #: Fetch size of a look at record 0 (open, the idle follower's check every 2 s): a
@@ -197,11 +212,7 @@ class KafkaLedger:
         await _ensure_topic(servers, topic, options, create, where)
         producer = AIOKafkaProducer(
             bootstrap_servers=servers,
-            acks="all",
-            enable_idempotence=False,
-            max_batch_size=PRODUCER_BATCH_BYTES,
-            max_request_size=PRODUCER_BATCH_BYTES + 65536,
-            linger_ms=0,
+            **producer_settings(),
             request_timeout_ms=10_000,
             retry_backoff_ms=100,
             **options,

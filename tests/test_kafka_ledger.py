@@ -17,18 +17,10 @@ from quotaledger.adapters.kafka_ledger import sequence as sequence_messages
 from quotaledger.adapters.ledger_url import LedgerUrlError, open_ledger, parse_ledger_url
 from quotaledger.events.ledger import Append, LedgerError, LedgerMismatch, Record
 from quotaledger.projections import Projection, state_json
+from tests.cli_process import cli
 from tests.tansu import Tansu
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "quotaledger.adapters.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 # ------------------------------------------------------------------ URLs

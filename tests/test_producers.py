@@ -4,25 +4,15 @@ examples; ``replay kafka://...`` gives the same state hash as ``replay FILE.json
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer  # type: ignore[import-untyped]
 
+from tests.cli_process import cli
 from tests.tansu import Tansu
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.jsonl"))
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "quotaledger.adapters.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def publish(bootstrap: str, topic: str, path: Path) -> int:

@@ -14,7 +14,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from quotaledger.adapters.demo import _quota
 from quotaledger.adapters.ledger_url import open_ledger, parse_ledger_url
 from quotaledger.events.codec import peek_kind
 
+from .k8s_support import eventually
 from .tansu import Tansu
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,15 +81,6 @@ async def process(
                 await proc.wait()
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, limit_s: float = 90) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + limit_s
-    while not await check():
-        if loop.time() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.2)
-
-
 def scrape(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     """Samples by name, parsed as Prometheus parses the exposition format."""
     samples: dict[str, list[tuple[dict[str, str], float]]] = {}
@@ -135,14 +127,14 @@ async def test_compose_topology_natively(tansu: Tansu, topic: str, tmp_path: Pat
         async def ready() -> bool:
             return (await get("/readyz"))[0] == 200
 
-        await eventually(ready, "serve ready on the Kafka ledger")
+        await eventually(ready, what="serve ready on the Kafka ledger", limit_s=90)
         async with process(demo_argv, tmp_path / "demo.log"):
 
             async def tree_known() -> bool:
                 status, state = await get("/v1/state")
                 return status == 200 and "platform-api" in json.dumps(state)
 
-            await eventually(tree_known, "the demo producer's quotas in /v1/state")
+            await eventually(tree_known, what="the demo producer's quotas in /v1/state", limit_s=90)
             # the stream sees a fact POSTed onto the Kafka topic through the API
             async with session.get(base + "/v1/stream") as stream:
                 assert stream.status == 200
@@ -170,7 +162,7 @@ async def test_compose_topology_natively(tansu: Tansu, topic: str, tmp_path: Pat
                 samples = scrape(text)
                 return sum(v for _, v in samples.get("quotaledger_preemptions_total", [])) > 0
 
-            await eventually(preempted, "a finished preemption in /metrics")
+            await eventually(preempted, what="a finished preemption in /metrics", limit_s=90)
             _, text = await get("/metrics")
             samples = scrape(text)
             quotas = {labels["quota"] for labels, _ in samples["quotaledger_quota_min"]}
@@ -215,7 +207,7 @@ async def test_demo_on_kafka_serves_by_itself(tansu: Tansu, topic: str, tmp_path
             async with session.get(base + "/v1/tree") as tree:
                 return "platform-api" in await tree.text()
 
-        await eventually(tree_ready, "the demo's tree served from Kafka")
+        await eventually(tree_ready, what="the demo's tree served from Kafka", limit_s=90)
         rest = (await demo.stdout.read()).decode()
         assert await demo.wait() == 0, (tmp_path / "demo.log").read_text()
     assert "demo finished: decisions in the ledger: LeaderElected 1" in rest
