@@ -10,8 +10,14 @@ request ≤ available on every resource.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .resources import RL
-from .state import BUILTIN, ROOT, ProjectedState
+from .state import BUILTIN, ROOT, ProjectedState, QuotaNode
+
+#: Reads one number list of a quota: ``(node, field) -> RL``, as
+#: ``getattr(node, field)`` does (the default) or from rows read at once.
+NumberReader = Callable[[QuotaNode, str], RL]
 
 
 def root_available(state: ProjectedState) -> RL:
@@ -25,7 +31,9 @@ def root_available(state: ProjectedState) -> RL:
     return out
 
 
-def available_of(state: ProjectedState, name: str, memo: dict[str, RL]) -> RL:
+def available_of(
+    state: ProjectedState, name: str, memo: dict[str, RL], numbers: NumberReader = getattr
+) -> RL:
     """Raw available of a connected, non-builtin quota (memoised top-down)."""
     if name in memo:
         return memo[name]
@@ -36,18 +44,23 @@ def available_of(state: ProjectedState, name: str, memo: dict[str, RL]) -> RL:
         if above is None:
             above = memo[ROOT] = root_available(state)
     else:
-        above = available_of(state, config.parent, memo)
+        above = available_of(state, config.parent, memo, numbers)
     borrow = config.borrowing_limit
-    keys = above.keys() | node.subtree.keys() | node.local.keys() | node.usage.keys()
+    subtree, local_of, usage_of = (
+        numbers(node, "subtree"),
+        numbers(node, "local"),
+        numbers(node, "usage"),
+    )
+    keys = above.keys() | subtree.keys() | local_of.keys() | usage_of.keys()
     if borrow is not None:
         keys |= borrow.keys()
     out: RL = {}
     for key in keys:
-        local = node.local.get(key, 0)
-        usage = node.usage.get(key, 0)
+        local = local_of.get(key, 0)
+        usage = usage_of.get(key, 0)
         inherited = above.get(key, 0)
         if borrow is not None and key in borrow:
-            cap = (node.subtree.get(key, 0) - local) - max(0, usage - local) + borrow[key]
+            cap = (subtree.get(key, 0) - local) - max(0, usage - local) + borrow[key]
             inherited = min(inherited, cap)
         value = max(0, local - usage) + inherited
         if value:
@@ -56,12 +69,14 @@ def available_of(state: ProjectedState, name: str, memo: dict[str, RL]) -> RL:
     return out
 
 
-def reported_available(state: ProjectedState, name: str, memo: dict[str, RL]) -> RL:
+def reported_available(
+    state: ProjectedState, name: str, memo: dict[str, RL], numbers: NumberReader = getattr
+) -> RL:
     """What the state JSON shows: empty for orphans and builtins, leaves ≥ 0."""
     node = state.quotas[name]
     if not node.connected or name in BUILTIN:
         return {}
-    raw = available_of(state, name, memo)
+    raw = available_of(state, name, memo, numbers)
     if node.config.is_parent:
         return raw
     return {key: value for key, value in raw.items() if value > 0}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .resources import RL, add_into, masked, water_fill
+from .resources import RL, masked, water_fill
 from .state import NamespaceUsage, ProjectedState, QuotaNode
 
 
@@ -24,29 +24,58 @@ def namespace_usage(state: ProjectedState, node: QuotaNode) -> dict[str, Namespa
         entry = usage.get(pod.namespace)
         if entry is None:
             entry = usage[pod.namespace] = NamespaceUsage()
-        add_into(entry.request, pod.requests)
+        request = entry.request
+        for key, value in pod.requests.items():
+            request[key] = request.get(key, 0) + value
         if pod.node is not None:
-            add_into(entry.used, pod.requests)
+            used = entry.used
+            for key, value in pod.requests.items():
+                used[key] = used.get(key, 0) + value
+    for entry in usage.values():  # sparse, as add_into keeps them
+        for sums in (entry.request, entry.used):
+            for key in [key for key, value in sums.items() if not value]:
+                del sums[key]
     return dict(sorted(usage.items()))
 
 
 def fair_shares(
-    node: QuotaNode, usage: Mapping[str, NamespaceUsage], weights: Mapping[str, int]
+    node: QuotaNode,
+    usage: Mapping[str, NamespaceUsage],
+    weights: Mapping[str, int],
+    runtime: RL | None = None,
 ) -> dict[str, RL]:
     """Each namespace's share of ``node.runtime`` (empty for orphans); ``usage``
-    is :func:`namespace_usage` of the node."""
+    is :func:`namespace_usage` of the node, ``runtime`` its runtime when the
+    caller read it already.
+
+    Water-filling gives every borrower its cap when all weights are positive
+    and the caps fit in the pool together (each round hands the whole pool out
+    and nobody passes its cap), and a lone borrower with a positive weight
+    whose cap does not fit the whole pool: those cases skip the rounds."""
     names = sorted(usage)
     shares: dict[str, RL] = {ns: {} for ns in names}
     if not node.connected:
         return shares
+    if runtime is None:
+        runtime = node.runtime
     requests = {ns: masked(usage[ns].request, node.config.max) for ns in names}
-    for key in sorted(node.runtime):
+    for key in sorted(runtime):
+        pool = runtime[key]
         borrowers = [
             (ns, 0, requests[ns].get(key, 0), weights.get(ns, 1))
             for ns in names
             if requests[ns].get(key, 0) > 0
         ]
-        for ns, value in water_fill(node.runtime[key], borrowers).items():
+        if all(weight > 0 for _, _, _, weight in borrowers):
+            if sum(cap for _, _, cap, _ in borrowers) <= pool:
+                filled = {ns: cap for ns, _, cap, _ in borrowers}
+            elif len(borrowers) == 1:  # the one borrower takes the whole pool
+                filled = {borrowers[0][0]: pool}
+            else:
+                filled = water_fill(pool, borrowers)
+        else:
+            filled = water_fill(pool, borrowers)
+        for ns, value in filled.items():
             if value:
                 shares[ns][key] = value
     return shares

@@ -45,9 +45,13 @@ class PersistedField:
     hash_keys_only: bool = False
 
     def hash_form(self, value: Any) -> Any:
-        """What the state hash covers of the field's value."""
+        """What the state hash covers of the field's value: its stored form,
+        except that a dict is left unsorted (the hash's encoder sorts every
+        dict by key, ``view._ENCODER``: the same bytes without sorting twice)."""
         if self.hash_keys_only:
             return sorted(value)
+        if self.stored is _sorted_dict:
+            return value
         return self.stored(value)
 
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import msgspec
 
-from .available import reported_available
+from .available import NumberReader, reported_available
 from .derive import settle
 from .fair_share import fair_shares, namespace_usage
 from .persisted import hashed
 from .resources import RL, sparse
-from .state import ProjectedState
+from .state import NamespaceUsage, ProjectedState, QuotaNode
 
 _ENCODER = msgspec.json.Encoder(order="sorted")
 
@@ -69,9 +69,23 @@ def _config_rl(amounts: RL | None) -> RL | None:
 def quota_view(state: ProjectedState, name: str, memo: dict[str, RL]) -> dict[str, Any]:
     """One quota as in ``state.quotas[name]`` (call after ``settle``)."""
     node = state.quotas[name]
+    return _quota_view(state, name, memo, getattr, namespace_usage(state, node))
+
+
+def _quota_view(
+    state: ProjectedState,
+    name: str,
+    memo: dict[str, RL],
+    numbers: NumberReader,
+    usage_by_ns: dict[str, NamespaceUsage],
+) -> dict[str, Any]:
+    """:func:`quota_view` with the quota's numbers read through ``numbers``
+    (sparse dicts in key order already, as ``QuotaNode`` builds them) and
+    its namespaces' usage given."""
+    node = state.quotas[name]
     config = node.config
-    usage_by_ns = namespace_usage(state, node)
-    shares = fair_shares(node, usage_by_ns, state.namespace_weights)
+    runtime = numbers(node, "runtime")
+    shares = fair_shares(node, usage_by_ns, state.namespace_weights, runtime)
     namespaces = {
         ns: {
             "weight": state.namespace_weights.get(ns, 1),
@@ -87,20 +101,38 @@ def quota_view(state: ProjectedState, name: str, memo: dict[str, RL]) -> dict[st
         "orphan": not node.connected,
         "min": _config_rl(config.min),
         "max": _config_rl(config.max),
-        "effective_min": sparse(node.effective_min),
+        "effective_min": numbers(node, "effective_min"),
         "shared_weight": _config_rl(config.shared_weight),
         "allow_lent": config.allow_lent,
         "lending_limit": _config_rl(config.lending_limit),
         "borrowing_limit": _config_rl(config.borrowing_limit),
-        "request": sparse(node.request),
-        "limited_request": sparse(node.limited_request),
-        "used": sparse(node.used),
-        "runtime": sparse(node.runtime),
-        "available": sparse(reported_available(state, name, memo)),
+        "request": numbers(node, "request"),
+        "limited_request": numbers(node, "limited_request"),
+        "used": numbers(node, "used"),
+        "runtime": runtime,
+        "available": sparse(reported_available(state, name, memo, numbers)),
         "pods": sorted(node.pods),
         "children": sorted(state.children(name)),
         "namespaces": namespaces,
     }
+
+
+class _SettledNumbers:
+    """Every quota's numbers read at once, field by field, as the sparse
+    dicts ``QuotaNode`` builds one at a time (the state must stay unchanged
+    while this is used: it is for one reading of a settled state)."""
+
+    def __init__(self, state: ProjectedState) -> None:
+        self.store = state.columns
+        self.fields: dict[str, list[RL]] = {}
+
+    def __call__(self, node: QuotaNode, field: str) -> RL:
+        if node.store is not self.store:
+            return {}
+        rows = self.fields.get(field)
+        if rows is None:
+            rows = self.fields[field] = self.store.read_rows(field)
+        return rows[node.row]
 
 
 def _body(state: ProjectedState) -> dict[str, Any]:
@@ -108,6 +140,7 @@ def _body(state: ProjectedState) -> dict[str, Any]:
     memo: dict[str, RL] = {}
     from .state import DEFAULT, SYSTEM
 
+    numbers = _SettledNumbers(state)
     queues = sorted(set(state.decrease_deadlines) | set(state.occupied))
     return {
         "cluster": {
@@ -116,7 +149,12 @@ def _body(state: ProjectedState) -> dict[str, Any]:
             "default_used": sparse(state.quotas[DEFAULT].used),
             "total": sparse(state.cluster_total),
         },
-        "quotas": {name: quota_view(state, name, memo) for name in sorted(state.quotas)},
+        "quotas": {
+            name: _quota_view(
+                state, name, memo, numbers, namespace_usage(state, state.quotas[name])
+            )
+            for name in sorted(state.quotas)
+        },
         "preemptions": {
             queue: {
                 "deadline": (

@@ -1,0 +1,144 @@
+"""The state JSON's per-quota body as it was read before the bulk reading of
+``projections.view`` (kept as the reference, in the tests only).
+
+Every number is read from its quota one at a time (``QuotaNode``'s sparse
+dicts), available is recomputed per key from those dicts, and every
+namespace's fair share goes through the full water-fill (DESIGN §5
+"Available", "Namespace fair share"; §7). :func:`reference_body` must equal
+``view._body`` on every state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quotaledger.projections.derive import settle
+from quotaledger.projections.fair_share import namespace_usage
+from quotaledger.projections.resources import RL, masked, sparse, water_fill
+from quotaledger.projections.state import BUILTIN, DEFAULT, ROOT, SYSTEM, ProjectedState
+from quotaledger.projections.view import rfc3339
+
+
+def _config_rl(amounts: RL | None) -> RL | None:
+    return None if amounts is None else {key: amounts[key] for key in sorted(amounts)}
+
+
+def _root_available(state: ProjectedState) -> RL:
+    out: RL = {}
+    for key in state.root_subtree.keys() | state.root_usage.keys():
+        value = state.root_subtree.get(key, 0) - state.root_usage.get(key, 0)
+        if value:
+            out[key] = value
+    return out
+
+
+def _available(state: ProjectedState, name: str, memo: dict[str, RL]) -> RL:
+    if name in memo:
+        return memo[name]
+    node = state.quotas[name]
+    config = node.config
+    if config.parent == ROOT:
+        above = memo.setdefault(ROOT, _root_available(state))
+    else:
+        above = _available(state, config.parent, memo)
+    borrow = config.borrowing_limit
+    keys = above.keys() | node.subtree.keys() | node.local.keys() | node.usage.keys()
+    if borrow is not None:
+        keys |= borrow.keys()
+    out: RL = {}
+    for key in keys:
+        local = node.local.get(key, 0)
+        usage = node.usage.get(key, 0)
+        inherited = above.get(key, 0)
+        if borrow is not None and key in borrow:
+            cap = (node.subtree.get(key, 0) - local) - max(0, usage - local) + borrow[key]
+            inherited = min(inherited, cap)
+        value = max(0, local - usage) + inherited
+        if value:
+            out[key] = value
+    memo[name] = out
+    return out
+
+
+def _reported_available(state: ProjectedState, name: str, memo: dict[str, RL]) -> RL:
+    node = state.quotas[name]
+    if not node.connected or name in BUILTIN:
+        return {}
+    raw = _available(state, name, memo)
+    if node.config.is_parent:
+        return raw
+    return {key: value for key, value in raw.items() if value > 0}
+
+
+def _quota(state: ProjectedState, name: str, memo: dict[str, RL]) -> dict[str, Any]:
+    node = state.quotas[name]
+    config = node.config
+    usage_by_ns = namespace_usage(state, node)
+    names = sorted(usage_by_ns)
+    shares: dict[str, RL] = {ns: {} for ns in names}
+    if node.connected:
+        requests = {ns: masked(usage_by_ns[ns].request, config.max) for ns in names}
+        for key in sorted(node.runtime):
+            borrowers = [
+                (ns, 0, requests[ns].get(key, 0), state.namespace_weights.get(ns, 1))
+                for ns in names
+                if requests[ns].get(key, 0) > 0
+            ]
+            for ns, value in water_fill(node.runtime[key], borrowers).items():
+                if value:
+                    shares[ns][key] = value
+    return {
+        "parent": config.parent,
+        "is_parent": config.is_parent,
+        "orphan": not node.connected,
+        "min": _config_rl(config.min),
+        "max": _config_rl(config.max),
+        "effective_min": sparse(node.effective_min),
+        "shared_weight": _config_rl(config.shared_weight),
+        "allow_lent": config.allow_lent,
+        "lending_limit": _config_rl(config.lending_limit),
+        "borrowing_limit": _config_rl(config.borrowing_limit),
+        "request": sparse(node.request),
+        "limited_request": sparse(node.limited_request),
+        "used": sparse(node.used),
+        "runtime": sparse(node.runtime),
+        "available": sparse(_reported_available(state, name, memo)),
+        "pods": sorted(node.pods),
+        "children": sorted(state.children(name)),
+        "namespaces": {
+            ns: {
+                "weight": state.namespace_weights.get(ns, 1),
+                "request": sparse(usage.request),
+                "used": sparse(usage.used),
+                "fair_share": shares[ns],
+            }
+            for ns, usage in usage_by_ns.items()
+        },
+    }
+
+
+def reference_body(state: ProjectedState) -> dict[str, Any]:
+    """The derived part of the state JSON (DESIGN §7), read quota by quota."""
+    settle(state)
+    memo: dict[str, RL] = {}
+    queues = sorted(set(state.decrease_deadlines) | set(state.occupied))
+    return {
+        "cluster": {
+            "allocatable": sparse(state.allocatable),
+            "system_used": sparse(state.quotas[SYSTEM].used),
+            "default_used": sparse(state.quotas[DEFAULT].used),
+            "total": sparse(state.cluster_total),
+        },
+        "quotas": {name: _quota(state, name, memo) for name in sorted(state.quotas)},
+        "preemptions": {
+            queue: {
+                "deadline": (
+                    rfc3339(state.decrease_deadlines[queue])
+                    if queue in state.decrease_deadlines
+                    else None
+                ),
+                "running": state.occupied.get(queue),
+            }
+            for queue in queues
+        },
+    }
