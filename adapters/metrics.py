@@ -47,7 +47,7 @@ from quotaledger.events.model import (
 from quotaledger.projections.available import reported_available
 from quotaledger.projections.fair_share import fair_shares, namespace_usage
 from quotaledger.projections.resources import RL
-from quotaledger.projections.state import NamespaceUsage, ProjectedState, QuotaNode
+from quotaledger.projections.state import ProjectedState
 
 #: prometheus-client's Go-style float formatting (untyped upstream).
 go_float = cast(Callable[[float], str], floatToGoString)
@@ -392,7 +392,7 @@ def _namespace_series(state: ProjectedState) -> list[Series]:
         node = state.quotas[name]
         if not node.pods:
             continue
-        usage = _namespace_usage(state, node)
+        usage = namespace_usage(state, node)
         shares = fair_shares(node, usage, state.namespace_weights)
         quoted = escape_label(name)
         for ns, entry in usage.items():
@@ -410,18 +410,6 @@ def _namespace_series(state: ProjectedState) -> list[Series]:
                         text = head + escape_label(resource) + '"'
                         out.append(((ns, name, resource), text, value))
     return [request, used, share]
-
-
-def _namespace_usage(state: ProjectedState, node: QuotaNode) -> dict[str, NamespaceUsage]:
-    """:func:`~quotaledger.projections.fair_share.namespace_usage`, with the sums
-    of a quota whose pods are all in one namespace taken from the quota's own
-    (settled, unmasked) pod sums instead of added up again."""
-    pods = state.pods
-    namespaces = {pods[uid].namespace for uid in node.pods}
-    if len(namespaces) == 1:
-        (only,) = namespaces
-        return {only: NamespaceUsage(request=node.pod_request, used=node.pod_used)}
-    return namespace_usage(state, node)
 
 
 def _cluster_families(state: ProjectedState) -> Iterator[Metric]:

@@ -16,7 +16,12 @@ from .state import NamespaceUsage, ProjectedState, QuotaNode
 def namespace_usage(state: ProjectedState, node: QuotaNode) -> dict[str, NamespaceUsage]:
     """Σ requests (and used: pods with a node, §8 rule 12) of a quota's active
     pods per namespace, sorted by namespace. Computed when read, from the
-    quota's pods: only views need it, so the fold does not keep it."""
+    quota's pods: only views need it, so the fold does not keep it. A quota
+    whose pods are all in one namespace, with its pod sums up to date, has
+    them as that namespace's usage (the same Σ over the same pods)."""
+    if len(node.namespaces) == 1 and not node.sums_stale and not node.sum_log:
+        (only,) = node.namespaces
+        return {only: NamespaceUsage(request=node.pod_request, used=node.pod_used)}
     usage: dict[str, NamespaceUsage] = {}
     pods = state.pods
     for uid in node.pods:

@@ -121,6 +121,9 @@ class QuotaNode:
 
     config: QuotaUpserted
     pods: set[str] = field(default_factory=set)
+    # namespace -> how many of ``pods`` it holds (a view of one namespace
+    # takes its sums from the row: fair_share.namespace_usage)
+    namespaces: dict[str, int] = field(default_factory=dict)
     # in-place pod changes not yet in the sums: (old requests, new requests,
     # old bound, new bound); or, once longer than the pods, ``sums_stale``
     # (rebuild from the pods). See tree.flush_sums.

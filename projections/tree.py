@@ -154,6 +154,8 @@ def attach_pod(state: ProjectedState, pod: PodUpserted) -> None:
         state.field_pods.setdefault(pod.quota, set()).add(uid)
     node = state.quotas[name]
     node.pods.add(uid)
+    counts = node.namespaces
+    counts[pod.namespace] = counts.get(pod.namespace, 0) + 1
     if pod.phase == "Pending" and pod.node is None:
         _index_pending(state, name, uid, pod.requests)
     _charge(state, node, pod, +1)
@@ -168,6 +170,12 @@ def detach_pod(state: ProjectedState, pod: PodUpserted) -> None:
         _discard(state.field_pods, pod.quota, uid)
     node = state.quotas[name]
     node.pods.discard(uid)
+    counts = node.namespaces
+    left = counts[pod.namespace] - 1
+    if left:
+        counts[pod.namespace] = left
+    else:
+        del counts[pod.namespace]
     if uid in state.pending_pods:
         _unindex_pending(state, name, uid, pod.requests)
     _charge(state, node, pod, -1)

@@ -2,8 +2,9 @@
 ``projections.view`` (kept as the reference, in the tests only).
 
 Every number is read from its quota one at a time (``QuotaNode``'s sparse
-dicts), available is recomputed per key from those dicts, and every
-namespace's fair share goes through the full water-fill (DESIGN §5
+dicts), available is recomputed per key from those dicts, every namespace's
+usage is added up pod by pod and its fair share goes through the full
+water-fill (DESIGN §5
 "Available", "Namespace fair share"; §7). :func:`reference_body` must equal
 ``view._body`` on every state.
 """
@@ -13,10 +14,30 @@ from __future__ import annotations
 from typing import Any
 
 from quotaledger.projections.derive import settle
-from quotaledger.projections.fair_share import namespace_usage
-from quotaledger.projections.resources import RL, masked, sparse, water_fill
-from quotaledger.projections.state import BUILTIN, DEFAULT, ROOT, SYSTEM, ProjectedState
+from quotaledger.projections.resources import RL, add_into, masked, sparse, water_fill
+from quotaledger.projections.state import (
+    BUILTIN,
+    DEFAULT,
+    ROOT,
+    SYSTEM,
+    NamespaceUsage,
+    ProjectedState,
+    QuotaNode,
+)
 from quotaledger.projections.view import rfc3339
+
+
+def namespace_usage(state: ProjectedState, node: QuotaNode) -> dict[str, NamespaceUsage]:
+    """Σ requests (and used: pods with a node) of the quota's active pods per
+    namespace, added up pod by pod."""
+    usage: dict[str, NamespaceUsage] = {}
+    for uid in node.pods:
+        pod = state.pods[uid]
+        entry = usage.setdefault(pod.namespace, NamespaceUsage())
+        add_into(entry.request, pod.requests)
+        if pod.node is not None:
+            add_into(entry.used, pod.requests)
+    return dict(sorted(usage.items()))
 
 
 def _config_rl(amounts: RL | None) -> RL | None:
