@@ -22,8 +22,7 @@ from __future__ import annotations
 from array import array
 from bisect import insort
 from collections.abc import Iterable, Mapping, MutableSequence
-
-import numpy as np
+from itertools import compress
 
 #: The derived fields, then the pod sums.
 DERIVED = (
@@ -168,20 +167,14 @@ class QuotaColumns:
     def read_rows(self, name: str) -> list[dict[str, int]]:
         """Every row's ``name`` at once, indexed by row: the dicts :meth:`read`
         would build one by one (keys in sorted order, zeros left out), for
-        readers of every quota (the state JSON and hash, DESIGN §7)."""
+        readers of every quota (the state JSON and hash, DESIGN §7). Zero
+        cells are skipped in C (``itertools.compress``)."""
         rows: list[dict[str, int]] = [{} for _ in range(self.capacity)]
         for columns in self.by_key:
             column = getattr(columns, name)
             key = columns.key
-            if columns.wide:
-                for row, value in enumerate(column):
-                    if value:
-                        rows[row][key] = value
-                continue
-            values = np.frombuffer(column, dtype=np.int64)
-            nonzero = np.flatnonzero(values)
-            for row, value in zip(nonzero.tolist(), values[nonzero].tolist(), strict=True):
-                rows[row][key] = value
+            for row in compress(range(len(column)), column):
+                rows[row][key] = column[row]
         return rows
 
     def write(self, name: str, row: int, amounts: Mapping[str, int]) -> None:
