@@ -26,7 +26,7 @@ from quotaledger.projections import Projection
 from quotaledger.projections.fair_share import fair_shares
 from quotaledger.projections.persisted import FIELDS
 from quotaledger.projections.state import NamespaceUsage, ProjectedState
-from quotaledger.projections.view import _body, state_hash
+from quotaledger.projections.view import _body, quota_view, state_hash
 
 from .scenarios import engine_facts, engine_run, fold, histories
 from .test_arrays_differential import big_histories
@@ -56,6 +56,10 @@ def assert_reads_like_reference(state: ProjectedState) -> None:
     assert body == expected
     assert _AS_IS.encode(body) == _AS_IS.encode(expected)  # same key order too
     assert state_hash(state) == reference_hash(state)
+    for name, view in expected["quotas"].items():  # one quota at a time (HTTP, §11)
+        single = quota_view(state, name, {})
+        assert single == view
+        assert _AS_IS.encode(single) == _AS_IS.encode(view)
 
 
 weights = st.lists(
