@@ -21,7 +21,7 @@ from .derive import settle
 from .fair_share import fair_shares, namespace_usage
 from .persisted import hashed
 from .resources import RL, sparse
-from .state import NamespaceUsage, ProjectedState, QuotaNode
+from .state import DEFAULT, SYSTEM, NamespaceUsage, ProjectedState, QuotaNode
 
 _ENCODER = msgspec.json.Encoder(order="sorted")
 
@@ -138,34 +138,43 @@ class _SettledNumbers:
 def _body(state: ProjectedState) -> dict[str, Any]:
     settle(state)
     memo: dict[str, RL] = {}
-    from .state import DEFAULT, SYSTEM
-
     numbers = _SettledNumbers(state)
-    queues = sorted(set(state.decrease_deadlines) | set(state.occupied))
     return {
-        "cluster": {
-            "allocatable": sparse(state.allocatable),
-            "system_used": sparse(state.quotas[SYSTEM].used),
-            "default_used": sparse(state.quotas[DEFAULT].used),
-            "total": sparse(state.cluster_total),
-        },
+        "cluster": cluster_view(state),
         "quotas": {
             name: _quota_view(
                 state, name, memo, numbers, namespace_usage(state, state.quotas[name])
             )
             for name in sorted(state.quotas)
         },
-        "preemptions": {
-            queue: {
-                "deadline": (
-                    rfc3339(state.decrease_deadlines[queue])
-                    if queue in state.decrease_deadlines
-                    else None
-                ),
-                "running": state.occupied.get(queue),
-            }
-            for queue in queues
-        },
+        "preemptions": preemptions_view(state),
+    }
+
+
+def cluster_view(state: ProjectedState) -> dict[str, RL]:
+    """The state JSON's ``cluster`` (DESIGN §7; call after ``settle``)."""
+    return {
+        "allocatable": sparse(state.allocatable),
+        "system_used": sparse(state.quotas[SYSTEM].used),
+        "default_used": sparse(state.quotas[DEFAULT].used),
+        "total": sparse(state.cluster_total),
+    }
+
+
+def preemptions_view(state: ProjectedState) -> dict[str, dict[str, Any]]:
+    """The state JSON's ``preemptions``: each queue with a deadline or a
+    running preemption (DESIGN §7)."""
+    queues = sorted(set(state.decrease_deadlines) | set(state.occupied))
+    return {
+        queue: {
+            "deadline": (
+                rfc3339(state.decrease_deadlines[queue])
+                if queue in state.decrease_deadlines
+                else None
+            ),
+            "running": state.occupied.get(queue),
+        }
+        for queue in queues
     }
 
 

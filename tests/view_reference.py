@@ -2,9 +2,8 @@
 ``projections.view`` (kept as the reference, in the tests only).
 
 Every number is read from its quota one at a time (``QuotaNode``'s sparse
-dicts), available is recomputed per key from those dicts, every namespace's
-usage is added up pod by pod and its fair share goes through the full
-water-fill (DESIGN §5
+dicts, available too), every namespace's usage is added up pod by pod and its
+fair share goes through the full water-fill (DESIGN §5
 "Available", "Namespace fair share"; §7). :func:`reference_body` must equal
 ``view._body`` on every state.
 """
@@ -13,18 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from quotaledger.projections.available import reported_available
 from quotaledger.projections.derive import settle
 from quotaledger.projections.resources import RL, add_into, masked, sparse, water_fill
 from quotaledger.projections.state import (
-    BUILTIN,
-    DEFAULT,
-    ROOT,
-    SYSTEM,
     NamespaceUsage,
     ProjectedState,
     QuotaNode,
 )
-from quotaledger.projections.view import rfc3339
+from quotaledger.projections.view import _config_rl, cluster_view, preemptions_view
 
 
 def namespace_usage(state: ProjectedState, node: QuotaNode) -> dict[str, NamespaceUsage]:
@@ -38,57 +34,6 @@ def namespace_usage(state: ProjectedState, node: QuotaNode) -> dict[str, Namespa
         if pod.node is not None:
             add_into(entry.used, pod.requests)
     return dict(sorted(usage.items()))
-
-
-def _config_rl(amounts: RL | None) -> RL | None:
-    return None if amounts is None else {key: amounts[key] for key in sorted(amounts)}
-
-
-def _root_available(state: ProjectedState) -> RL:
-    out: RL = {}
-    for key in state.root_subtree.keys() | state.root_usage.keys():
-        value = state.root_subtree.get(key, 0) - state.root_usage.get(key, 0)
-        if value:
-            out[key] = value
-    return out
-
-
-def _available(state: ProjectedState, name: str, memo: dict[str, RL]) -> RL:
-    if name in memo:
-        return memo[name]
-    node = state.quotas[name]
-    config = node.config
-    if config.parent == ROOT:
-        above = memo.setdefault(ROOT, _root_available(state))
-    else:
-        above = _available(state, config.parent, memo)
-    borrow = config.borrowing_limit
-    keys = above.keys() | node.subtree.keys() | node.local.keys() | node.usage.keys()
-    if borrow is not None:
-        keys |= borrow.keys()
-    out: RL = {}
-    for key in keys:
-        local = node.local.get(key, 0)
-        usage = node.usage.get(key, 0)
-        inherited = above.get(key, 0)
-        if borrow is not None and key in borrow:
-            cap = (node.subtree.get(key, 0) - local) - max(0, usage - local) + borrow[key]
-            inherited = min(inherited, cap)
-        value = max(0, local - usage) + inherited
-        if value:
-            out[key] = value
-    memo[name] = out
-    return out
-
-
-def _reported_available(state: ProjectedState, name: str, memo: dict[str, RL]) -> RL:
-    node = state.quotas[name]
-    if not node.connected or name in BUILTIN:
-        return {}
-    raw = _available(state, name, memo)
-    if node.config.is_parent:
-        return raw
-    return {key: value for key, value in raw.items() if value > 0}
 
 
 def _quota(state: ProjectedState, name: str, memo: dict[str, RL]) -> dict[str, Any]:
@@ -123,7 +68,7 @@ def _quota(state: ProjectedState, name: str, memo: dict[str, RL]) -> dict[str, A
         "limited_request": sparse(node.limited_request),
         "used": sparse(node.used),
         "runtime": sparse(node.runtime),
-        "available": sparse(_reported_available(state, name, memo)),
+        "available": sparse(reported_available(state, name, memo)),
         "pods": sorted(node.pods),
         "children": sorted(state.children(name)),
         "namespaces": {
@@ -142,24 +87,8 @@ def reference_body(state: ProjectedState) -> dict[str, Any]:
     """The derived part of the state JSON (DESIGN §7), read quota by quota."""
     settle(state)
     memo: dict[str, RL] = {}
-    queues = sorted(set(state.decrease_deadlines) | set(state.occupied))
     return {
-        "cluster": {
-            "allocatable": sparse(state.allocatable),
-            "system_used": sparse(state.quotas[SYSTEM].used),
-            "default_used": sparse(state.quotas[DEFAULT].used),
-            "total": sparse(state.cluster_total),
-        },
+        "cluster": cluster_view(state),
         "quotas": {name: _quota(state, name, memo) for name in sorted(state.quotas)},
-        "preemptions": {
-            queue: {
-                "deadline": (
-                    rfc3339(state.decrease_deadlines[queue])
-                    if queue in state.decrease_deadlines
-                    else None
-                ),
-                "running": state.occupied.get(queue),
-            }
-            for queue in queues
-        },
+        "preemptions": preemptions_view(state),
     }
