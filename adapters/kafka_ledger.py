@@ -25,9 +25,11 @@ Rules this backend keeps, whatever the broker:
   transaction marker (control batch) holds offsets but no record, so it is a
   gap, a proven one;
 * **the tail is found by reading**: a read without ``follow`` ends at the first
-  fetch that returns nothing. ``end_offsets``, ``offsets_for_times``,
-  idempotent producers and transactions are never used (tansu reports end
-  offsets wrongly and has neither of the others);
+  fetch that returns nothing, or once it has read up to the high watermark of
+  its first answer (so it ends while others keep appending, DECISIONS 203).
+  ``end_offsets``, ``offsets_for_times``, idempotent producers and transactions
+  are never used (tansu reports end offsets wrongly and has neither of the
+  others);
 * **appends** go with ``acks=all``, one Kafka record batch per call when it fits
   (``max_batch_size``), and are retried on broker errors until
   ``append_timeout_s``. A retried append may land twice: the projection ignores
@@ -406,7 +408,8 @@ class KafkaLedger:
     def read(self, from_offset: int = 0, *, follow: bool = False) -> AsyncIterator[list[Record]]:
         """Yield records from ``from_offset`` in offset order, in batches.
 
-        Without ``follow`` it ends at the tail (a fetch that returns nothing);
+        Without ``follow`` it ends at the tail (a fetch that returns nothing, or
+        the high watermark of its first answer reached);
         with ``follow`` it waits for new records until the ledger is closed or
         the consuming task is cancelled. Raises :class:`LedgerGap` /
         :class:`LedgerMismatch` as the module docstring says.
@@ -453,6 +456,8 @@ class KafkaLedger:
             # a skip being waited on: its first offset, since when, when last seen, and
             # the next retry's pause
             hole_at, hole_seen, hole_last, hole_delay = -1, 0.0, 0.0, HOLE_RETRY_S
+            # without follow: the high watermark of the first answer, where the read ends
+            until = -1
             while not self._closed:
                 try:
                     if pending is None:
@@ -490,6 +495,8 @@ class KafkaLedger:
                     failing = False
                 if fetched.out_of_range:
                     fetched = self._out_of_range(fetched, position)
+                if until < 0 and not follow and fetched.highwater is not None:
+                    until = fetched.highwater
                 if not fetched.batches:
                     position = fetched.position  # past control batches, if any
                     # A broker that answers at once with nothing must not make
@@ -579,6 +586,10 @@ class KafkaLedger:
                     hole_last = now
                 if records:
                     yield records
+                if 0 <= until <= expected:
+                    # every record that existed when the read began has been read:
+                    # the tail, even if others keep appending (DECISIONS 203)
+                    return
                 if nxt >= 0 and hole_delay > 0:
                     await asyncio.sleep(hole_delay)
                     hole_delay = min(hole_delay * 2, HOLE_RETRY_MAX_S)

@@ -347,7 +347,6 @@ async def aiokafka_produce(
     return acked
 
 
-@pytest.mark.slow
 async def test_readers_follow_three_concurrent_producers_identically(
     tansu: Tansu, topic: str
 ) -> None:
@@ -389,3 +388,40 @@ async def test_readers_follow_three_concurrent_producers_identically(
     finally:
         for follower in followers:
             await follower.close()
+
+
+async def test_a_read_to_the_tail_ends_while_others_keep_appending(
+    tansu: Tansu, topic: str
+) -> None:
+    """A read without follow (``last_offset``, a restore, ``replay``, ``ingest``) ends
+    although a producer appends more often than the tail fetch waits: it reads at
+    least every record that existed when it began (DECISIONS 203)."""
+    writer = await KafkaLedger.open(tansu.bootstrap, topic, opened_at_ms=0)
+    reader = await KafkaLedger.open(tansu.bootstrap, topic, create=False)
+    stop = asyncio.Event()
+    written: list[int] = []
+
+    async def write(name: str) -> None:
+        n = 0
+        while not stop.is_set():
+            written.extend(await writer.append([Append(fact(f"{name}{n}"))]))
+            n += 1
+            await asyncio.sleep(0.001)
+
+    tasks = [asyncio.create_task(write(name)) for name in "ab"]
+    try:
+        await until(lambda: len(written) >= 20, 30, "the writer")
+        for _ in range(3):
+            before = max(written)
+            async with asyncio.timeout(30):
+                last = await reader.last_offset()
+            assert last >= before
+            async with asyncio.timeout(30):
+                records = await read_all(tansu.bootstrap, topic)
+            assert [r.offset for r in records] == list(range(len(records)))
+            assert records[-1].offset >= last
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+        await reader.close()
+        await writer.close()
