@@ -548,10 +548,11 @@ class KafkaLedger:
                     if head.offset == 0:
                         self._check_opened(head.value or b"")
                 judge.saw(fetched, expected)
+                walked_from = expected
                 records, expected, prev_ts, nxt = sequence(
                     self.where, fetched.batches, expected, prev_ts, from_offset, judge
                 )
-                if records:
+                if expected > walked_from:
                     self._remember(expected - 1, prev_ts)
                     if expected - 1 > self._max_offset:
                         self._max_offset = expected - 1

@@ -112,6 +112,26 @@ def test_control_batches_are_skipped_and_the_position_moves_past_them() -> None:
     assert [r.offset for r in records] == [0, 1, 2] and (expected, hole) == (3, 4)
 
 
+def test_a_later_batch_fetched_first_is_not_a_hole() -> None:
+    """tansu may answer a fetch from offset 50 with the batch at 54 while 50..53 are
+    not readable yet: the walk hands out 0..49 and stops at 50 (even with gaps=fill,
+    nothing proves 50..53 gone); the next fetch, from 50, brings them, and the
+    records are exactly those of a reader that never saw the skip (DECISIONS 200)."""
+    early, late, after = data_batch(0, 50), data_batch(50, 4), data_batch(54, 4)
+    judge = GapJudge("k", True, {})
+    markers: list[tuple[int, int]] = []
+    batches, position = record_batches("k", early + after, 0, markers)
+    judge.saw(Fetched(batches, position, markers=markers), 0)
+    first, expected, ts, hole = sequence("k", batches, 0, 0, 0, judge)
+    assert [r.offset for r in first] == list(range(50)) and (expected, hole) == (50, 54)
+    batches, position = record_batches("k", late + after, expected)
+    judge.saw(Fetched(batches, position), expected)
+    rest, expected, _, hole = sequence("k", batches, expected, ts, 0, judge)
+    assert [r.offset for r in rest] == list(range(50, 58)) and (expected, hole) == (58, -1)
+    batches, _ = record_batches("k", early + late + after, 0)
+    assert first + rest == sequence("k", batches, 0, 0)[0]
+
+
 def test_a_cut_batch_is_left_for_the_next_fetch() -> None:
     whole = data_batch(0, 3) + data_batch(3, 3)
     for cut in range(len(whole) - 1, len(data_batch(0, 3)) - 1, -7):
