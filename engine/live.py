@@ -12,7 +12,8 @@ Rules the engine keeps:
   it proposed);
 * after appending, it waits until its follower has applied those records
   before deciding again, so it never decides on a state missing its own
-  decisions;
+  decisions; the records applied at the offsets the ledger assigned must be
+  its own, byte for byte, or it stops (DECISIONS 201);
 * deadlines come from ledger ``ts``: after a restart an overdue timer fires at
   once, never later than its original deadline plus the restart;
 * with election on, it appends ``LeaderElected{epoch+1}`` at start and
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from quotaledger.events.codec import encode_event
-from quotaledger.events.ledger import Append, Ledger, LedgerError, Snapshot
+from quotaledger.events.ledger import Append, Ledger, LedgerError, Record, Snapshot
 from quotaledger.events.model import (
     Event,
     EvictionFailed,
@@ -118,6 +119,11 @@ class LiveEngine:
     progress_every_s: float = 10.0
     _rng: random.Random = field(default_factory=random.Random)
     _leading: bool = False
+    #: Appends waiting to read themselves back: token -> the state's offset when sent.
+    _readbacks: dict[int, int] = field(default_factory=dict)
+    _readback_token: int = 0
+    #: Batches the follower applied while a read-back was pending.
+    _kept: list[list[Record]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.core = EngineCore(self.projection, instance=self.instance)
@@ -178,6 +184,8 @@ class LiveEngine:
                 offset = await self.append_applied(
                     [LeaderElected(epoch=epoch, instance=self.instance)]
                 )
+            except ReadBackError:
+                raise
             except LedgerError as exc:
                 log.warning(
                     "engine %s could not claim epoch %d (%s); retrying in %.2f s",
@@ -249,6 +257,8 @@ class LiveEngine:
             apply = self.fold.apply
             for record in batch:
                 apply(record)
+            if self._readbacks:  # an append of this engine waits to read itself back
+                self._kept.append(batch)
             # a backlog is read without suspending: let stop and the reconciler in
             await asyncio.sleep(0)
             self._since_snapshot += len(batch)
@@ -299,11 +309,63 @@ class LiveEngine:
 
         The batch's last offset ends a batch, so every batch up to it has been
         applied whole (``EngineCore.sealed_through``).
+
+        The wait is over only when the records the follower applied at the
+        offsets the ledger assigned are this append's own payloads, byte for
+        byte (DECISIONS 201): a filler or any other record there means the
+        state lacks this engine's own decisions, and :class:`ReadBackError`
+        stops the engine rather than let it decide on that state.
         """
-        offsets = await self.append(events)
-        await self.applied_through(offsets[-1])
+        payloads = [encode_event(e) for e in events]
+        token = self._readback_token = self._readback_token + 1
+        # Records at or before the state's offset existed before this append was
+        # sent, so its own come later: the follower keeps what it applies from now.
+        self._readbacks[token] = self.state.offset
+        try:
+            offsets = await self.ledger.append([Append(payload=p) for p in payloads])
+            await self.applied_through(offsets[-1])
+            self._check_read_back(offsets, payloads)
+        finally:
+            del self._readbacks[token]
+            self._trim_kept()
         self.core.sealed_through = max(self.core.sealed_through, offsets[-1])
         return offsets[0]
+
+    def _check_read_back(self, offsets: list[int], payloads: list[bytes]) -> None:
+        """Raise :class:`ReadBackError` unless the batches applied since the
+        append was sent hold ``payloads`` at ``offsets`` (a few compares)."""
+        found: dict[int, bytes] = {}
+        low, high = offsets[0], offsets[-1]
+        for batch in self._kept:
+            if not batch or batch[-1].offset < low or batch[0].offset > high:
+                continue
+            first = batch[0].offset
+            for offset in offsets:
+                index = offset - first
+                if 0 <= index < len(batch) and batch[index].offset == offset:
+                    found[offset] = batch[index].payload
+        for offset, payload in zip(offsets, payloads, strict=True):
+            got = found.get(offset)
+            if got == payload:
+                continue
+            what = "no record" if got is None else f"another record ({got[:160]!r})"
+            message = (
+                f"engine {self.instance}: the ledger acknowledged its append at offsets"
+                f" {low}..{high}, but the follower applied {what} at offset {offset}:"
+                " this engine's state lacks its own decision (a reader that filled or"
+                " skipped offsets the broker had not proven gone?); stopping rather than"
+                " deciding on that state"
+            )
+            log.error("%s", message)
+            raise ReadBackError(message)
+
+    def _trim_kept(self) -> None:
+        """Drop kept batches no pending read-back can need."""
+        if not self._readbacks:
+            self._kept.clear()
+            return
+        floor = min(self._readbacks.values())
+        self._kept = [batch for batch in self._kept if batch and batch[-1].offset > floor]
 
     def is_leader(self) -> bool:
         """May this engine decide now (fire timers, sample clocks, drive evictions)?
@@ -389,6 +451,10 @@ class LiveEngine:
         finally:
             self._inflight.discard(eviction.eviction_id)
             self._wake.set()
+
+
+class ReadBackError(LedgerError):
+    """What the follower applied at an append's offsets is not that append."""
 
 
 def _rejected(state: ProjectedState, offset: int) -> bool:

@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quotaledger.adapters.kafka_fetch import Fetched, PartitionFetcher, record_batches
-from quotaledger.adapters.kafka_ledger import KafkaLedger, LedgerGap, sequence
+from quotaledger.adapters.kafka_ledger import GapJudge, KafkaLedger, LedgerGap, sequence
 from quotaledger.events.codec import decode_event
 from quotaledger.events.ledger import Append, LedgerError, LedgerMismatch, Record, Snapshot
 from quotaledger.events.model import FactRejected
@@ -90,15 +90,46 @@ def test_control_batches_are_skipped_and_the_position_moves_past_them() -> None:
     got, after = walk(data_batch(0, 3) + marker, 0)
     assert [offset for offset, _ in got] == [0, 1, 2] and after == 4
     assert walk(marker, 3) == ([], 4)
-    # the ledger sees the marker's offset as a gap (§10), or fills it (gaps=fill)
-    batches, _ = record_batches("k", data, 0)
+    # the marker proves offset 3 holds no record, ever: the ledger sees a gap
+    # there (§10), or fills it (gaps=fill), at once (DECISIONS 200)
+    markers: list[tuple[int, int]] = []
+    batches, _ = record_batches("k", data, 0, markers)
+    assert markers == [(3, 4)]
+    stopping = GapJudge("k", False, {})
+    stopping.saw(Fetched(batches, 6, markers=markers), 0)
     with pytest.raises(LedgerGap, match="offset 3 is missing"):
-        sequence("k", batches, 0, 0)
+        sequence("k", batches, 0, 0, 0, stopping)
+    filling = GapJudge("k", True, {})
+    filling.saw(Fetched(batches, 6, markers=markers), 0)
     batches, _ = record_batches("k", data, 0)
-    records, expected, _ = sequence("k", batches, 0, 0, 0, True)
-    assert [r.offset for r in records] == [0, 1, 2, 3, 4, 5] and expected == 6
+    records, expected, _, hole = sequence("k", batches, 0, 0, 0, filling)
+    assert [r.offset for r in records] == [0, 1, 2, 3, 4, 5] and (expected, hole) == (6, -1)
     filler = decode_event(records[3].payload)
     assert isinstance(filler, FactRejected) and filler.offset == 3
+    # without the marker, the same skip proves nothing: the walk stops before it
+    batches, _ = record_batches("k", data_batch(0, 3) + data_batch(4, 2), 0)
+    records, expected, _, hole = sequence("k", batches, 0, 0, 0, GapJudge("k", True, {}))
+    assert [r.offset for r in records] == [0, 1, 2] and (expected, hole) == (3, 4)
+
+
+def test_a_later_batch_fetched_first_is_not_a_hole() -> None:
+    """tansu may answer a fetch from offset 50 with the batch at 54 while 50..53 are
+    not readable yet: the walk hands out 0..49 and stops at 50 (even with gaps=fill,
+    nothing proves 50..53 gone); the next fetch, from 50, brings them, and the
+    records are exactly those of a reader that never saw the skip (DECISIONS 200)."""
+    early, late, after = data_batch(0, 50), data_batch(50, 4), data_batch(54, 4)
+    judge = GapJudge("k", True, {})
+    markers: list[tuple[int, int]] = []
+    batches, position = record_batches("k", early + after, 0, markers)
+    judge.saw(Fetched(batches, position, markers=markers), 0)
+    first, expected, ts, hole = sequence("k", batches, 0, 0, 0, judge)
+    assert [r.offset for r in first] == list(range(50)) and (expected, hole) == (50, 54)
+    batches, position = record_batches("k", late + after, expected)
+    judge.saw(Fetched(batches, position), expected)
+    rest, expected, _, hole = sequence("k", batches, expected, ts, 0, judge)
+    assert [r.offset for r in rest] == list(range(50, 58)) and (expected, hole) == (58, -1)
+    batches, _ = record_batches("k", early + late + after, 0)
+    assert first + rest == sequence("k", batches, 0, 0)[0]
 
 
 def test_a_cut_batch_is_left_for_the_next_fetch() -> None:

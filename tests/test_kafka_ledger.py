@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import pytest
 from aiokafka import AIOKafkaProducer  # type: ignore[import-untyped]
 
-from quotaledger.adapters.kafka_ledger import KafkaLedger, LedgerGap, value_ts
+from quotaledger.adapters.kafka_ledger import GapJudge, KafkaLedger, LedgerGap, value_ts
 from quotaledger.adapters.kafka_ledger import sequence as sequence_messages
 from quotaledger.adapters.ledger_url import LedgerUrlError, open_ledger, parse_ledger_url
 from quotaledger.events.ledger import Append, LedgerError, LedgerMismatch, Record
@@ -66,23 +66,36 @@ class Msg(NamedTuple):
 def sequence(
     where: str, messages: list[tuple[int, bytes | None, int]], *args: Any
 ) -> tuple[list[Record], int, int]:
-    return sequence_messages(where, [[Msg(*m) for m in messages]], *args)
+    """The walk of one batch of ``messages``; a skip it stops at is returned as
+    ``LedgerGap`` (raised), as a reader that has given up on it would."""
+    records, nxt, ts, hole = sequence_messages(where, [[Msg(*m) for m in messages]], *args)
+    if hole >= 0:
+        raise LedgerGap(f"offset {nxt} is missing (next record at {hole})")
+    return records, nxt, ts
 
 
-def test_sequence_stops_at_a_gap_and_at_a_reset() -> None:
+def test_sequence_stops_at_a_skip_and_at_a_reset() -> None:
     ok, nxt, ts = sequence("k", [(5, b"{}", 10), (6, None, 3)], 5, 7)
     assert [(r.offset, r.ts, r.payload) for r in ok] == [(5, 10, b"{}"), (6, 10, b"")]
     assert (nxt, ts) == (7, 10)
-    with pytest.raises(LedgerGap, match="offset 6 is missing"):
-        sequence("k", [(5, b"{}", 1), (7, b"{}", 1)], 5, 0)
+    # a skip ends the walk where it is, with the records before it: the reader
+    # fetches again from the first missing offset (DECISIONS 200)
+    walked = sequence_messages("k", [[Msg(5, b"{}", 1), Msg(7, b"{}", 1)]], 5, 0)
+    assert [r.offset for r in walked[0]] == [5] and walked[1:] == (6, 1, 7)
     with pytest.raises(LedgerMismatch, match="expected offset 5 but the broker returned offset 0"):
         sequence("k", [(0, b"{}", 1)], 5, 0)
 
 
-def test_gaps_fill_reads_a_hole_as_a_rejected_record() -> None:
+def test_gaps_fill_reads_a_judged_hole_as_a_rejected_record() -> None:
     """tansu on s3 storage leaves an offset without a record when it is killed with
-    a write in flight; with gaps=fill every reader sees the same filler there."""
-    records, nxt, _ = sequence("k", [(5, b"{}", 10), (8, b"{}", 20)], 5, 0, 0, True)
+    a write in flight; with gaps=fill every reader that has waited it out sees the
+    same filler there (DECISIONS 78, 200)."""
+    judge = GapJudge("k", True, {})
+    # not judged yet: the walk stops at the skip, nothing is filled
+    with pytest.raises(LedgerGap, match="offset 6 is missing"):
+        sequence("k", [(5, b"{}", 10), (8, b"{}", 20)], 5, 0, 0, judge)
+    judge.judged[6] = 8
+    records, nxt, _ = sequence("k", [(5, b"{}", 10), (8, b"{}", 20)], 5, 0, 0, judge)
     assert [(r.offset, r.ts) for r in records] == [(5, 10), (6, 10), (7, 10), (8, 20)]
     assert nxt == 9
     projection = Projection()
@@ -92,12 +105,45 @@ def test_gaps_fill_reads_a_hole_as_a_rejected_record() -> None:
     reasons = [r.reason for r in projection.state.rejected]
     assert [r.offset for r in projection.state.rejected] == [6, 7]
     assert all("holds no record" in reason for reason in reasons)
-    # a ledger whose start is gone is never filled: it is not this ledger any more
+    # a judgment covers the offsets judged, no more
+    with pytest.raises(LedgerGap, match="offset 6 is missing"):
+        sequence("k", [(5, b"{}", 10), (9, b"{}", 20)], 5, 0, 0, judge)
+    # a ledger whose start is missing is never filled: it is not this ledger any more
+    judge.judged[0] = 3
     with pytest.raises(LedgerGap):
-        sequence("k", [(3, b"{}", 1)], 0, 0, 0, True)
+        sequence("k", [(3, b"{}", 1)], 0, 0, 0, judge)
+    # gaps=stop fills nothing, even judged
+    with pytest.raises(LedgerGap, match="offset 6 is missing"):
+        sequence("k", [(5, b"{}", 10), (8, b"{}", 20)], 5, 0, 0, GapJudge("k", False, {6: 8}))
     assert parse_ledger_url("kafka://a:1/t?gaps=fill").gaps == "fill"
     with pytest.raises(LedgerUrlError, match="gaps='maybe'"):
         parse_ledger_url("kafka://a:1/t?gaps=maybe")
+    assert parse_ledger_url("kafka://a:1/t?gap_patience_s=2.5").gap_patience_s == 2.5
+    assert parse_ledger_url("kafka://a:1/t").gap_patience_s is None
+    for bad in ("-1", "soon", "nan", "1e9"):
+        with pytest.raises(LedgerUrlError, match="gap_patience_s="):
+            parse_ledger_url(f"kafka://a:1/t?gap_patience_s={bad}")
+
+
+def test_a_proven_gap_needs_no_wait() -> None:
+    """Offsets the broker proves gone: below the log start (deleted: a gap for
+    every reader, filled by none), or covered by transaction markers (the same
+    for every reader: filled with gaps=fill at once, a gap otherwise)."""
+    for fill in (False, True):
+        judge = GapJudge("k", fill, {})
+        judge.log_start = 9
+        with pytest.raises(LedgerGap, match="the log now starts at offset 9"):
+            judge(4, 10)
+        judge = GapJudge("k", fill, {})
+        judge.markers = [(3, 4), (4, 6)]
+        assert judge.covered(3, 6) and judge.covered(4, 5)
+        assert not judge.covered(2, 6) and not judge.covered(3, 7)
+        if fill:
+            assert judge(3, 6) and not judge(3, 7)
+        else:
+            with pytest.raises(LedgerGap, match=r"3\.\.5 are transaction markers"):
+                judge(3, 6)
+            assert not judge(3, 7)
 
 
 def test_ts_prefers_at_then_the_record_timestamp() -> None:
