@@ -7,11 +7,13 @@ import importlib.util
 import json
 import os
 import random
+import re
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -90,7 +92,17 @@ async def test_new_ledger_starts_with_ledger_opened(db: Path) -> None:
 async def test_random_ledger_id_is_kept_on_reopen(db: Path) -> None:
     ledger = await SqliteLedger.open(db)
     lid = ledger.ledger_id
-    assert len(lid) == 32 and int(lid, 16) >= 0
+    # a random uuid4 as 32 lowercase hex digits, as written in record 0
+    assert re.fullmatch("[0-9a-f]{32}", lid), lid
+    assert uuid.UUID(hex=lid).version == 4
+    [record] = await read_all(ledger)
+    opened = decode_event(record.payload)
+    assert isinstance(opened, LedgerOpened) and opened.ledger_id == lid
+    # each new ledger draws its own
+    others = [await SqliteLedger.open(db.with_name(f"other-{i}.db")) for i in range(2)]
+    assert len({lid, *(other.ledger_id for other in others)}) == 3
+    for other in others:
+        await other.close()
     await ledger.append([Append(b'{"kind":"PodRemoved","uid":"a"}')])
     await ledger.close()
     again = await SqliteLedger.open(db)
