@@ -220,9 +220,12 @@ class LedgerContract:
         ledger = await self.new_ledger(clock_ms=lambda: 77_000, opened_at_ms=5)
         try:
             await ledger.append([Append(payload(0)), Append(payload(1), ts=80_000)])
-            await ledger.append([Append(payload(2))])
+            await ledger.append([Append(payload(2))])  # the clock behind the last ts
+            await ledger.append(
+                [Append(payload(3)), Append(payload(4), ts=90_000), Append(payload(5))]
+            )
             records = await read_all(ledger)
-            assert [r.ts for r in records] == [5, 77_000, 80_000, 80_000]
+            assert [r.ts for r in records] == [5, 77_000, 80_000, 80_000, 80_000, 90_000, 90_000]
         finally:
             await ledger.close()
 
