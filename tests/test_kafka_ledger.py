@@ -1,4 +1,8 @@
-"""The Kafka ledger's own rules (DESIGN §10) on a real tansu broker, and the CLI on Kafka URLs."""
+"""The Kafka ledger's own rules (DESIGN §10) on a real tansu broker, and the CLI on Kafka URLs.
+
+What every backend keeps (DESIGN §3) is the ledger contract's: tests/ledger_contract.py,
+run for Kafka by tests/test_ledger_contract.py.
+"""
 
 from __future__ import annotations
 
@@ -306,10 +310,6 @@ async def test_open_ledger_kafka_keeps_snapshots_per_ledger(
     finally:
         await a.close()
         await b.close()
-
-
-def test_records_are_plain() -> None:
-    assert Record(1, 2, b"x") == Record(1, 2, b"x")
 
 
 def test_engine_stops_when_a_memory_broker_restarts(topic: str) -> None:
