@@ -12,7 +12,8 @@ its ``basis``:
   at the decision's ts (quota-decrease: the queue's deadline, with
   ``quota_preemption_enabled``; overuse: the owing clock + ``revoke_after_s``,
   with ``revoke_enabled``), the queue was free, and the re-derived plan has the
-  same target;
+  same target; and where it lands, that timer is still armed and due and its
+  id was never started before (the guard's rule, DECISIONS 211);
 * ``EvictionRequested`` — the pods and their order are the plan's victims;
 * ``PreemptionFinished`` — every eviction had an outcome, nothing the plan chose
   was left out, and the outcome and claimed amounts follow §8 rule 26 from the
@@ -337,6 +338,8 @@ class Auditor:
         self.hash_problems: list[tuple[int, Problem]] = []
         self.next_offset = self.begin
         self.stopped = False
+        #: ids of the PreemptionStarted records the projection accepted (this pass)
+        self.started_ids: set[str] = set()
 
     def feed(self, record: Record) -> None:
         if self.stopped:
@@ -358,6 +361,8 @@ class Auditor:
         finding: Finding | None = None
         if event is not None and isinstance(event, AUDITED):
             finding = self._explain(record, event)
+            if isinstance(event, PreemptionStarted):
+                self._landing(record, event, finding)
         before = len(self.main.state.rejected)
         if event is None:
             self.main.apply_record(record)  # records the decoding error as a rejection
@@ -367,6 +372,8 @@ class Auditor:
         kind = kind_of(event) if event is not None else peek_kind(record.payload)
         # A FactRejected record is accepted: the rejection it lists is the
         # fact's, refused at the door (DECISIONS 31), not a refused decision.
+        if isinstance(event, PreemptionStarted) and not refused:
+            self.started_ids.add(event.preemption_id)
         if refused and kind in DECISION_KINDS and not isinstance(event, FactRejected):
             if finding is None:
                 finding = Finding(
@@ -567,6 +574,32 @@ class Auditor:
             else:
                 finding.explanation += f" No victim is possible: {plan.reason}."
         return finding
+
+    def _landing(self, record: Record, event: PreemptionStarted, finding: Finding) -> None:
+        """Where the decision lands (the state just before its record) the timer it
+        answers must still be armed and due, and its id never started before
+        (DECISIONS 211): what the projection's guard requires, derived here from
+        the engine's own list of armed timers. A problem here on a decision the
+        projection accepted is one the guard should have refused."""
+        state = self.main.state
+        where = {"offset": record.offset, "cause": event.cause, "queue": event.queue}
+        if event.preemption_id in self.started_ids:
+            finding.problems.append(Problem("id-reused", {**where, "id": event.preemption_id}))
+        if event.queue not in state.quotas:
+            return  # the basis check names the unknown quota
+        matching = [
+            timer
+            for timer in timers(state)
+            if timer.cause == event.cause
+            and timer.queue == event.queue
+            and (event.cause != "reclaim" or timer.pod_uid == (event.pod_uid or ""))
+        ]
+        if not matching:
+            reason = self._why_no_timer(state, event).data["reason"]
+            finding.problems.append(Problem("trigger-gone", {**where, "reason": reason}))
+        elif matching[0].deadline > record.ts:
+            data = {**where, "reason": "early", "deadline": matching[0].deadline}
+            finding.problems.append(Problem("trigger-gone", {**data, "ts": record.ts}))
 
     def _due_timer(
         self, state: ProjectedState, event: PreemptionStarted, ts: int, finding: Finding

@@ -255,6 +255,19 @@ def _no_timer(d: Mapping[str, Any]) -> str:
     return f"no {d['cause']} timer was armed for {queue} {at}"
 
 
+def _trigger_gone(d: Mapping[str, Any]) -> str:
+    """Where a ``PreemptionStarted`` lands, its timer no longer holds (DECISIONS 211)."""
+    reason, queue, cause = d["reason"], d["queue"], d["cause"]
+    where = f"where it lands (#{d['offset']})"
+    if reason == "early":
+        return (
+            f"{where} {queue}'s {cause} deadline is {rfc3339(d['deadline'])},"
+            f" after the decision's ts {rfc3339(d['ts'])}"
+        )
+    why = _no_timer({**d, "basis": d["offset"]}).replace(f"at basis #{d['offset']}", where)
+    return why + ": the trigger was answered or gone before this decision"
+
+
 def _changed(d: Mapping[str, Any]) -> str:
     first, last = d["first"], d["last"]
     if first == last:
@@ -283,6 +296,8 @@ PROBLEM_WORDS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "still-starving": lambda d: f"pod {d['uid']} was still starving {_at(d)}",
     "unknown-quota": lambda d: f"quota {d['queue']!r} did not exist {_at(d)}",
     "no-timer": _no_timer,
+    "trigger-gone": _trigger_gone,
+    "id-reused": lambda d: f"preemption id {d['id']} was already started before #{d['offset']}",
     "early": lambda d: f"fired at {rfc3339(d['ts'])}, before its deadline {rfc3339(d['deadline'])}",
     "occupied": lambda d: (
         f"{d['queue']} was occupied by preemption {d['holder']} {_at(d)}"
