@@ -264,6 +264,11 @@ def _trigger_gone(d: Mapping[str, Any]) -> str:
             f"{where} {queue}'s {cause} deadline is {rfc3339(d['deadline'])},"
             f" after the decision's ts {rfc3339(d['ts'])}"
         )
+    if reason == "empty-target":
+        return (
+            f"{where} {queue}'s passed deadline had an empty target, so this first record"
+            " after it disarms it (§8 rule 21)"
+        )
     why = _no_timer({**d, "basis": d["offset"]}).replace(f"at basis #{d['offset']}", where)
     return why + ": the trigger was answered or gone before this decision"
 

@@ -4,8 +4,9 @@ The guard lives in the projection, so it is applied in ledger order: it holds
 across restarts and with two engines writing one ledger. A ``PreemptionStarted``
 is refused while its queue is occupied, when its leader epoch is stale, when its
 ``preemption_id`` was used before, or when the timer it answers no longer holds
-at its own offset (DECISIONS 211); a preemption occupies its queue and every queue it evicts from until its
-``PreemptionFinished``. An eviction is refused for a pod already being evicted.
+at its own offset (DECISIONS 211); a preemption occupies its queue and every
+queue it evicts from until its ``PreemptionFinished``. An eviction is refused
+for a pod already being evicted.
 """
 
 from __future__ import annotations

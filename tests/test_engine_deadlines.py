@@ -27,7 +27,7 @@ from quotaledger.adapters.sqlite_ledger import SqliteLedger
 from quotaledger.engine.core import EngineCore
 from quotaledger.engine.live import LiveEngine, SimulateExecutor
 from quotaledger.engine.simulate import Simulation
-from quotaledger.events.codec import decode_event, encode_event
+from quotaledger.events.codec import decode_event
 from quotaledger.events.ledger import Append, Record
 from quotaledger.events.model import (
     ClocksObserved,
@@ -136,9 +136,7 @@ def passed_armed(state: ProjectedState, now: int) -> dict[str, int]:
     return {q: d for q, d in state.decrease_deadlines.items() if d <= now}
 
 
-async def run_race(
-    tmp_path: Path, arrivals: Sequence[tuple[int, Fact]]
-) -> tuple[list[Record], LiveEngine]:
+async def run_race(tmp_path: Path, arrivals: Sequence[tuple[int, Fact]]) -> list[Record]:
     """The engine looks at D on the state without ``arrivals``; then they land
     (their own ts), and the engine's clock moves on well past D. Returns the
     ledger at quiescence: nothing running, nothing outstanding, no passed
@@ -184,7 +182,7 @@ async def run_race(
                 ) from None
     finally:
         await ledger.close()
-    return read_records(path), engine
+    return read_records(path)
 
 
 async def test_pods_stamped_at_the_deadline_that_land_after_the_look_are_preempted(
@@ -194,7 +192,7 @@ async def test_pods_stamped_at_the_deadline_that_land_after_the_look_are_preempt
     land after it looked. The engine looks again on the state that has them and
     preempts, as ``simulate`` does at D; no passed deadline stays armed."""
     arrivals = [(DEADLINE, fact) for fact in ARRIVALS]
-    records, engine = await run_race(tmp_path, arrivals)
+    records = await run_race(tmp_path, arrivals)
     events, state = accepted(records)
     assert passed_armed(state, DEADLINE + 60_000) == {}
     assert state.decrease_deadlines == {}
@@ -220,7 +218,7 @@ async def test_an_empty_target_at_the_deadline_is_disarmed_in_the_ledger(tmp_pat
     """Nothing arrives: the target stays empty. The engine records no preemption
     (§8 rule 21) and appends one record stamped after D, at which every reader's
     fold disarms the deadline (DECISIONS 14, 210): the ledger shows it disarmed."""
-    records, engine = await run_race(tmp_path, [])
+    records = await run_race(tmp_path, [])
     events, state = accepted(records)
     assert state.decrease_deadlines == {}
     assert decided(events) == []
@@ -242,7 +240,7 @@ async def test_pods_stamped_after_the_deadline_change_nothing(tmp_path: Path) ->
     disarms the deadline at their record (the state before it decides). Live
     and ``simulate`` agree: no preemption."""
     arrivals = [(DEADLINE + 1, fact) for fact in ARRIVALS]
-    records, engine = await run_race(tmp_path, arrivals)
+    records = await run_race(tmp_path, arrivals)
     events, state = accepted(records)
     assert state.decrease_deadlines == {}
     assert decided(events) == []

@@ -66,7 +66,7 @@ async def seed(r: Rig) -> None:
         ClocksObserved(basis=basis, owing_started={"q": 0}),
         PreemptionStarted(
             preemption_id="p", queue="q", cause="overuse", target={"cpu": 600}, basis=basis
-        )
+        ),
     ]
     decisions += [
         EvictionRequested(
