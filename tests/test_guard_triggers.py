@@ -18,18 +18,24 @@ state's clocks and deadlines.
 
 from __future__ import annotations
 
+import asyncio
+import random
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from quotaledger.adapters.sqlite_ledger import SqliteLedger
 from quotaledger.engine.audit import audit
 from quotaledger.engine.audit_words import report_text
 from quotaledger.engine.core import EngineCore, Timer
+from quotaledger.engine.live import LiveEngine, SimulateExecutor
 from quotaledger.events.codec import decode_event, encode_event
-from quotaledger.events.ledger import Record
+from quotaledger.events.ledger import Append, Record
 from quotaledger.events.model import (
     Event,
     EvictionSucceeded,
@@ -45,7 +51,9 @@ from quotaledger.projections import Projection, guard
 from quotaledger.projections.plans import decrease_target
 from quotaledger.projections.state import ProjectedState
 
+from .engine_worker import SlowLink
 from .scenarios import engine_facts
+from .test_engine_guard import Engines, _wait_for, read_records
 
 T0 = 1_767_225_600_000
 
@@ -365,6 +373,34 @@ def test_audit_flags_an_accepted_decision_whose_trigger_was_gone(
     assert "where it lands" in report_text(report)
 
 
+def test_an_overuse_outcome_judged_before_the_last_removal_is_not_flagged() -> None:
+    """B reads A's revoke up to the last eviction's success but not yet the pod's
+    removal (same batch): ``a`` still counts that pod, so B judges the revoke
+    ``best-effort``; just before B's record it would be ``complete``. The
+    ledger records no basis for a finish: audit accepts an outcome some state
+    between the last outcome and the finish gives (DECISIONS 212)."""
+    ledger = Ledger()
+    ledger.append(T0, [LedgerOpened(ledger_id="judged")])
+    ledger.append(T0, [fact for _, fact in owing_race()])
+    a, b = Writer("A", ledger), Writer("B", ledger)
+    a.catch_up(len(ledger.records) - 1)
+    a.append(T0, [a.core.observe(T0)])  # type: ignore[list-item]
+    now = T0 + 1000
+    [timer] = a.core.due(now)
+    a.append(now, a.core.propose(timer))
+    a.round(now)  # each eviction: EvictionSucceeded, then its pod's PodRemoved
+    assert isinstance(decode_event(ledger.records[-1].payload), PodRemoved)
+    b.catch_up(len(ledger.records) - 2)
+    [judged] = b.core.finished()
+    [then] = EngineCore(a.projection).finished()
+    assert (judged.outcome, then.outcome) == ("best-effort", "complete")
+    b.append(now, [judged])
+    report = audit(ledger.source)
+    assert report.flagged == 0 and not report.failed
+    [finding] = [f for f in report.findings if f.kind == "PreemptionFinished"]
+    assert finding.refused is None and finding.problems == []
+
+
 def test_the_guard_refuses_each_trigger_that_does_not_hold() -> None:
     """Each cause's trigger, one condition at a time, on one state."""
     projection = Projection()
@@ -453,3 +489,116 @@ def test_two_writers_never_run_a_trigger_whose_time_is_gone(
     projection refused for that)."""
     facts, turns = race_
     check(race(facts, turns))
+
+
+# ------------------------------------------------------------------ two live engines
+
+
+class SlowDecisions(SlowLink):
+    """A link on which a batch starting with a ``PreemptionStarted`` takes up to
+    ``decision_ms`` (a pause while proposing); every other append up to 20 ms."""
+
+    decision_ms = 500.0
+
+    async def append(self, batch: Sequence[Append]) -> list[int]:
+        if batch and b'"kind":"PreemptionStarted"' in batch[0].payload:
+            await asyncio.sleep(self.rng.uniform(0, self.decision_ms) / 1000)
+        return await super().append(batch)
+
+
+async def test_two_live_engines_without_election_never_run_a_trigger_twice(
+    tmp_path: Path,
+) -> None:
+    """Two live engines, election off (both decide, the ledger guards), on one
+    SQLite ledger each, 6 ledgers at once; a proposal of theirs takes up to 0.5 s
+    to land (other appends up to 20 ms), so one engine's revoke often lands after
+    the other's has run and finished. Twice per ledger a leaf starts to owe: each revoke trigger
+    runs once, and the ledgers pass the checks above (audit included)."""
+    rng = random.Random(15)
+    paths = [tmp_path / f"owing{i}.db" for i in range(6)]
+    facts = [fact for _, fact in owing_race()]
+    facts[0] = SettingsChanged(revoke_enabled=True, revoke_after_s=0.2, reclaim_enabled=False)
+    regrown = [
+        PodUpserted(
+            uid=f"c{i}",
+            name=f"c{i}",
+            namespace="a",
+            quota="a",
+            requests={"cpu": 2},
+            phase="Running",
+            node="n",
+            priority=i,
+        )
+        for i in range(3)
+    ]
+    ledgers = [await SqliteLedger.open(path, poll_interval=0.01) for path in paths]
+    # A reads the tail every 5 ms, B every 80 ms: their views differ when they decide
+    links = [
+        await SqliteLedger.open(path, poll_interval=poll)
+        for path in paths
+        for poll in (0.005, 0.08)
+    ]
+    engines = [
+        LiveEngine(
+            SlowDecisions(link, random.Random(rng.random()), 0, 20),  # type: ignore[arg-type]
+            SimulateExecutor(),
+            instance="AB"[i % 2],
+            election=False,
+            idle_poll_s=0.02,
+            observe_every_ms=50,
+        )
+        for i, link in enumerate(links)
+    ]
+
+    def settled(path_index: int, revokes: int) -> bool:
+        pair = engines[2 * path_index : 2 * path_index + 2]
+        return all(
+            sum(1 for f in e.state.finished_preemptions if f.startswith("overuse/")) >= revokes
+            and not e.state.preemptions
+            and e.state.offset == pair[0].state.offset
+            for e in pair
+        )
+
+    async def producer(ledger: SqliteLedger, stop: asyncio.Event) -> None:
+        """Facts that change no number, every 5-25 ms: the engines' views differ."""
+        noise = Append(encode_event(NodeUpserted(name="spare", allocatable={})))
+        while not stop.is_set():
+            await ledger.append([noise])
+            await asyncio.sleep(rng.uniform(0.005, 0.025))
+
+    quiet = asyncio.Event()
+    try:
+        for ledger in ledgers:
+            await ledger.append([Append(encode_event(f)) for f in facts])
+        async with Engines() as running, asyncio.TaskGroup() as producers:
+            for ledger in ledgers:
+                producers.create_task(producer(ledger, quiet))
+            for engine in engines:
+                running.start(engine)
+            await _wait_for(lambda: all(settled(i, 1) for i in range(len(paths))), timeout=60)
+            for ledger in ledgers:
+                await ledger.append([Append(encode_event(f)) for f in regrown])
+            await _wait_for(lambda: all(settled(i, 2) for i in range(len(paths))), timeout=60)
+            quiet.set()
+    finally:
+        quiet.set()
+        for ledger in [*ledgers, *links]:
+            await ledger.close()
+    reasons: Counter[str] = Counter()
+    for path in paths:
+        shared = Ledger(read_records(path))
+        verdicts = check(shared)
+        assert verdicts.accepted == 2, (path.name, verdicts)
+        projection = Projection()
+        for record in shared.records:
+            projection.apply_record(record)
+        for rejection in projection.state.rejected:
+            if rejection.kind == "PreemptionStarted":
+                reasons[rejection.reason.split("'")[-1].strip()] += 1
+    print(f"\n{len(paths)} ledgers: second revokes refused: {dict(reasons)}")
+    # not trivial: some second revoke landed on a free queue after the first had run
+    assert (
+        reasons["overuse clock is held after its last revoke"]
+        + reasons["has no running overuse clock"]
+        > 0
+    ), reasons
