@@ -60,6 +60,9 @@ def clocks_words(event: ClocksObserved, head: str) -> tuple[str, str | None]:
             parts.append(f"{label} no more: " + ", ".join(sorted(stopped)))
             short.append(f"{label} no more: " + first_few(sorted(stopped)))
     lead = f"{head} clocks sampled at basis #{event.basis}: "
+    if not parts:
+        # the engine's clock read past a deadline (DECISIONS 210)
+        return lead + "no clock started or stopped", None
     if short == parts:
         return lead + "; ".join(parts), None
     return lead + "; ".join(parts), lead + "; ".join(short) + " (audit --json lists all)"

@@ -118,6 +118,7 @@ class LiveEngine:
     progress_every_s: float = 10.0
     _rng: random.Random = field(default_factory=random.Random)
     _leading: bool = False
+    _disarm_not_before: int = 0
 
     def __post_init__(self) -> None:
         self.core = EngineCore(self.projection, instance=self.instance)
@@ -341,7 +342,7 @@ class LiveEngine:
             # A follower (not the leader) fires no timer: waking at a due deadline
             # it will not handle would spin.
             deadline = self.core.next_deadline() if self._check_leading() else None
-            disarm = self.core.disarm_at() if self._leading else None
+            disarm = self._disarm_due() if self._leading else None
             if disarm is not None and (deadline is None or disarm < deadline):
                 deadline = disarm
             if deadline is not None:
@@ -385,11 +386,21 @@ class LiveEngine:
             if events:
                 await self.append_applied(events)
                 self.core.reopen_if_refused(timer, events, now=self.clock_ms())
-        disarm = self.core.disarm_at()
+        disarm = self._disarm_due()
         now = self.clock_ms()
         if disarm is not None and now >= disarm and self.is_leader():
             self._observed_at = now
             await self.append_applied([self.core.disarm_record(now)])
+            if self.state.ts < disarm:
+                # the ledger stamped it before our clock (its clock is behind):
+                # no later ts, no disarm; try again in a second rather than spin
+                self._disarm_not_before = now + 1000
+
+    def _disarm_due(self) -> int | None:
+        """When to append the record that lets the fold disarm a passed,
+        empty quota-decrease deadline (:meth:`EngineCore.disarm_at`)."""
+        disarm = self.core.disarm_at()
+        return None if disarm is None else max(disarm, self._disarm_not_before)
 
     async def _drive(self, eviction: EvictionRun) -> None:
         try:

@@ -16,6 +16,7 @@ are one clock in the test's hands, and the facts carry their own ts.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -312,3 +313,46 @@ def test_no_disarm_record_while_the_setting_is_off_or_the_queue_is_occupied() ->
     assert core.disarm_at() is None
     state.settings.quota_preemption_enabled = True
     assert core.disarm_at() == DEADLINE + 1
+
+
+async def test_a_ledger_clock_behind_the_engine_costs_one_record_a_second(
+    tmp_path: Path,
+) -> None:
+    """The ledger stamps records by its own clock, here stuck behind the
+    engine's: a record appended to carry the time past D lands at the old ts
+    and disarms nothing. The engine tries again a second later, not in a loop;
+    once the ledger's clock has moved past D, the next one disarms it."""
+    path = tmp_path / "behind.db"
+    ledger_clock, engine_clock = Clock(T0), Clock(LOWERED + 100)
+    ledger = await SqliteLedger.open(path, poll_interval=0.01, clock_ms=ledger_clock)
+    engine = LiveEngine(
+        ledger,
+        SimulateExecutor(),
+        instance="A",
+        election=False,
+        clock_ms=engine_clock,
+        idle_poll_s=0.02,
+    )
+    try:
+        setup = at_min_until_the_deadline()
+        await ledger.append([Append(encode_fact(f), ts=ts) for ts, f in setup])
+        ledger_clock.now = LOWERED + 100
+        async with Engines() as engines:
+            engines.start(engine)
+            await _wait_for(lambda: engine.state.decrease_deadlines == {"p": DEADLINE})
+            engine_clock.now = DEADLINE + 5_000
+            await _wait_for(lambda: engine.state.offset > len(setup))
+            await asyncio.sleep(0.5)
+            assert engine.state.offset == len(setup) + 1  # one record, no loop
+            assert engine.state.decrease_deadlines == {"p": DEADLINE}
+            ledger_clock.now = DEADLINE + 5_000
+            engine_clock.now = DEADLINE + 6_000  # a second later
+            await _wait_for(lambda: not engine.state.decrease_deadlines, timeout=10)
+    finally:
+        await ledger.close()
+    records = read_records(path)
+    assert [type(decode_event(r.payload)) for r in records[len(setup) + 1 :]] == [
+        ClocksObserved,
+        ClocksObserved,
+    ]
+    assert records[-1].ts == DEADLINE + 5_000

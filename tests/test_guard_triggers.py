@@ -25,10 +25,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from quotaledger.adapters.cli import main
 from quotaledger.adapters.sqlite_ledger import SqliteLedger
 from quotaledger.engine.audit import audit
 from quotaledger.engine.audit_words import report_text
@@ -47,7 +49,7 @@ from quotaledger.events.model import (
     QuotaUpserted,
     SettingsChanged,
 )
-from quotaledger.projections import Projection, guard
+from quotaledger.projections import Projection, guard, rfc3339
 from quotaledger.projections.plans import decrease_target
 from quotaledger.projections.state import ProjectedState
 
@@ -342,10 +344,12 @@ def test_a_revoke_decided_from_a_stale_view_is_refused_once_answered() -> None:
 
 
 def test_audit_flags_an_accepted_decision_whose_trigger_was_gone(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """With a guard that does not look at triggers (as before DECISIONS 211),
-    the stale revoke is accepted: audit flags it where it lands and fails."""
+    the stale revoke is accepted: audit flags it where it lands and fails
+    (``quotaledger audit`` exits 1). With the guard, the same ledger has it
+    refused, and the audit passes (exit 0) explaining the refusal."""
     ledger = Ledger()
     ledger.append(T0, [LedgerOpened(ledger_id="stale")])
     ledger.append(T0, [fact for _, fact in owing_race()])
@@ -371,6 +375,19 @@ def test_audit_flags_an_accepted_decision_whose_trigger_was_gone(
     [problem] = finding.problems
     assert problem.code == "trigger-gone" and problem.data["reason"] == "owing-held"
     assert "where it lands" in report_text(report)
+    exported = tmp_path / "stale.jsonl"
+    exported.write_text(
+        "".join(
+            msgspec.json.encode({**msgspec.json.decode(r.payload), "at": rfc3339(r.ts)}).decode()
+            + "\n"
+            for r in ledger.records[1:]
+        )
+    )
+    assert main(["audit", str(exported)]) == 1
+    assert "where it lands" in capsys.readouterr().out
+    monkeypatch.undo()
+    assert main(["audit", str(exported)]) == 0
+    assert "overuse clock is held after its last revoke" in capsys.readouterr().out
 
 
 def test_an_overuse_outcome_judged_before_the_last_removal_is_not_flagged() -> None:
