@@ -112,13 +112,13 @@ class LiveEngine:
     fold: ChainedFold = field(init=False)
     observe_every_ms: int = 1000
     _observed_at: int = 0
+    _disarm_not_before: int = 0  # see step: a ledger clock behind ours
 
     elect_backoff_s: float = 0.05
     elect_backoff_max_s: float = 2.0
     progress_every_s: float = 10.0
     _rng: random.Random = field(default_factory=random.Random)
     _leading: bool = False
-    _disarm_not_before: int = 0
 
     def __post_init__(self) -> None:
         self.core = EngineCore(self.projection, instance=self.instance)
