@@ -113,6 +113,7 @@ class LiveEngine:
     fold: ChainedFold = field(init=False)
     observe_every_ms: int = 1000
     _observed_at: int = 0
+    _disarm_not_before: int = 0  # see step: a ledger clock behind ours
 
     elect_backoff_s: float = 0.05
     elect_backoff_max_s: float = 2.0
@@ -403,6 +404,9 @@ class LiveEngine:
             # A follower (not the leader) fires no timer: waking at a due deadline
             # it will not handle would spin.
             deadline = self.core.next_deadline() if self._check_leading() else None
+            disarm = self._disarm_due() if self._leading else None
+            if disarm is not None and (deadline is None or disarm < deadline):
+                deadline = disarm
             if deadline is not None:
                 timeout = max(0.0, min(timeout, (deadline - self.clock_ms()) / 1000))
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a
@@ -418,7 +422,10 @@ class LiveEngine:
 
     async def step(self, group: asyncio.TaskGroup) -> None:
         """One round: sample the clocks (at most once a second), finish, drive
-        evictions, fire due timers."""
+        evictions, fire due timers (a quota-decrease timer that found nothing
+        to do on an older state is evaluated again), and carry the ledger's
+        time past a passed deadline whose target is empty, so that the fold
+        disarms it (§8 rule 21, DECISIONS 210)."""
         now = self.clock_ms()
         if now - self._observed_at >= self.observe_every_ms:
             self._observed_at = now
@@ -432,6 +439,7 @@ class LiveEngine:
             if eviction.eviction_id not in self._inflight:
                 self._inflight.add(eviction.eviction_id)
                 group.create_task(self._drive(eviction))
+        self.core.revisit()
         now = self.clock_ms()
         for timer in self.core.due(now):
             if not self.is_leader():
@@ -440,6 +448,21 @@ class LiveEngine:
             if events:
                 await self.append_applied(events)
                 self.core.reopen_if_refused(timer, events, now=self.clock_ms())
+        disarm = self._disarm_due()
+        now = self.clock_ms()
+        if disarm is not None and now >= disarm and self.is_leader():
+            self._observed_at = now
+            await self.append_applied([self.core.disarm_record(now)])
+            if self.state.ts < disarm:
+                # the ledger stamped it before our clock (its clock is behind):
+                # no later ts, no disarm; try again in a second rather than spin
+                self._disarm_not_before = now + 1000
+
+    def _disarm_due(self) -> int | None:
+        """When to append the record that lets the fold disarm a passed,
+        empty quota-decrease deadline (:meth:`EngineCore.disarm_at`)."""
+        disarm = self.core.disarm_at()
+        return None if disarm is None else max(disarm, self._disarm_not_before)
 
     async def _drive(self, eviction: EvictionRun) -> None:
         try:
