@@ -135,7 +135,10 @@ def add_serve_parser(commands: Any) -> None:
         " API, with --kubeconfig or --in-cluster)",
     )
     parser.add_argument(
-        "--read-only", action="store_true", help="follow and serve reads only: no engine, no writes"
+        "--read-only",
+        action="store_true",
+        help="open the ledger read-only (a read-only medium or another user's file is fine),"
+        " follow it and serve reads and metrics: no engine, no writes",
     )
     parser.add_argument("--instance", default=f"serve-{os.getpid()}", help="this engine's name")
     parser.add_argument(

@@ -371,3 +371,52 @@ def test_readme_states_exit_statuses_limits_and_units() -> None:
     assert "`run`, `serve` and `demo` drain and exit 0" in text
     assert MAX_EVENTS_BYTES == 16 * 2**20 and "16 MiB" in text and "413" in text
     assert "millicores" in text and "cores" in text and "bytes" in text
+
+
+# ------------------------------------------------------------------ serve --read-only
+
+
+def test_serve_read_only_serves_a_ledger_it_cannot_write(tmp_path: Path) -> None:
+    """``serve --read-only`` opens the ledger read-only (as replay and audit do): on a
+    read-only medium it serves the state, the tree and the metrics (DESIGN §9, §11)."""
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    ledger = directory / "l.db"
+    assert main(["ingest", str(EXAMPLES / "koordinator.jsonl"), str(ledger)]) == 0
+    argv = ["serve", str(ledger), "--read-only", "--listen", "127.0.0.1:0"]
+    if os.geteuid() != 0:
+        ledger.chmod(0o444)
+        directory.chmod(0o555)
+        process = _spawn(*argv, env=_environment("s3cret"))
+    elif can_bind_read_only():
+        from .read_only_medium import spawn_on_read_only_medium
+
+        process = spawn_on_read_only_medium(directory, argv)
+    else:
+        pytest.skip("root without mount namespaces")
+    try:
+        lines = _lines_until(process, r"^  writes ")
+        base = re.search(r"(http://127\.0\.0\.1:\d+)/", lines[0])
+        assert base is not None, lines
+        assert "disabled: --read-only" in lines[-1]
+        state = json.loads(_get(f"{base.group(1)}/v1/state"))
+        assert state["offset"] == 17 and "research" in state["quotas"]
+        assert '"ready":true' in _get(f"{base.group(1)}/readyz").replace(" ", "")
+        metrics = _get(f"{base.group(1)}/metrics")
+        assert 'quotaledger_quota_runtime{quota="team-a",resource="cpu"} 6.0' in metrics
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=60)
+        if os.geteuid() != 0:
+            directory.chmod(0o755)
+            ledger.chmod(0o644)
+    assert process.returncode == 0, err
+    assert "for writing" not in err
+    assert sorted(p.name for p in directory.iterdir()) == ["l.db"]
+
+
+def _get(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return response.read().decode()
