@@ -68,9 +68,11 @@ def kustomization(directory: Path) -> Doc:
 def render_subset(directory: Path) -> list[Doc]:
     """kustomize for what deploy/kubernetes/ uses: ``resources`` (files, and directories
     with a kustomization), with kustomize's load restrictions (a file must be inside the
-    kustomization's directory) and no duplicate object; any other field is refused."""
+    kustomization's directory) and no duplicate object, then ``patches`` given inline as
+    JSON 6902 operations on a ``target`` (RFC 6902: test, add, replace, remove); any other
+    field or form is refused."""
     doc = kustomization(directory)
-    used = set(doc) - {"apiVersion", "kind", "resources"}
+    used = set(doc) - {"apiVersion", "kind", "resources", "patches"}
     assert not used, f"{directory}: kustomize fields this test does not implement: {used}"
     assert doc.get("kind") == "Kustomization"
     out: list[Doc] = []
@@ -83,7 +85,57 @@ def render_subset(directory: Path) -> list[Doc]:
             out += load_docs(target)
     keys = [key(d) for d in out]
     assert len(keys) == len(set(keys)), f"{directory}: an object twice"
+    for patch in doc.get("patches", []):
+        assert set(patch) == {"target", "patch"}, f"{directory}: unsupported patch {patch}"
+        selector = patch["target"]
+        assert set(selector) <= {"group", "version", "kind", "name", "namespace"}
+        matched = [d for d in out if _selected(d, selector)]
+        assert matched, f"{directory}: a patch whose target matches nothing"
+        for target_doc in matched:
+            for operation in yaml.safe_load(patch["patch"]):
+                _apply_operation(target_doc, operation)
     return out
+
+
+def _selected(doc: Doc, selector: dict[str, str]) -> bool:
+    group, _, version = doc["apiVersion"].rpartition("/")
+    have = {
+        "group": group,
+        "version": version,
+        "kind": doc["kind"],
+        "name": doc["metadata"]["name"],
+        "namespace": doc["metadata"].get("namespace", ""),
+    }
+    return all(have[field] == value for field, value in selector.items())
+
+
+def _apply_operation(doc: Doc, operation: dict[str, Any]) -> None:
+    """One RFC 6902 operation (test, add, replace, remove) on ``doc``, in place."""
+    op, path = operation["op"], operation["path"]
+    assert op in ("test", "add", "replace", "remove"), f"unsupported operation {op}"
+    tokens = [t.replace("~1", "/").replace("~0", "~") for t in path.split("/")[1:]]
+    parent: Any = doc
+    for token in tokens[:-1]:
+        parent = parent[int(token)] if isinstance(parent, list) else parent[token]
+    last = tokens[-1]
+    if isinstance(parent, list):
+        index = len(parent) if last == "-" else int(last)
+        if op == "test":
+            assert parent[index] == operation["value"], f"test failed at {path}"
+        elif op == "add":
+            parent.insert(index, operation["value"])
+        elif op == "replace":
+            parent[index] = operation["value"]
+        else:
+            del parent[index]
+        return
+    if op == "test":
+        assert parent[last] == operation["value"], f"test failed at {path}"
+    elif op == "remove":
+        del parent[last]
+    else:
+        assert op == "add" or last in parent, f"replace of a missing {path}"
+        parent[last] = operation["value"]
 
 
 def render(directory: Path) -> list[Doc]:
@@ -130,17 +182,51 @@ def test_apply_f_and_apply_k_give_the_same_objects() -> None:
     assert from_files == from_kustomize
 
 
+SOURCES = ["koordinator", "kueue", "volcano", "yunikorn"]
+VARIANTS = ["single", "ha", *(f"sources/{source}" for source in SOURCES)]
+
+
+def variant_dir(variant: str) -> Path:
+    return DEPLOY if variant == "single" else DEPLOY / variant
+
+
 @pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
-@pytest.mark.parametrize("variant", ["single", "ha"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_kubectl_kustomize_and_the_subset_agree(variant: str) -> None:
-    directory = DEPLOY if variant == "single" else DEPLOY / variant
-    assert by_key(render(directory)) == by_key(render_subset(directory))
+    assert by_key(render(variant_dir(variant))) == by_key(render_subset(variant_dir(variant)))
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_a_source_overlay_is_single_reading_that_scheduler_with_its_rights(source: str) -> None:
+    """``kubectl apply -k deploy/kubernetes/sources/NAME/`` (docs/QUICKSTART.md): the single
+    deployment with ``--quota-source NAME`` and the source's extra read-only rules."""
+    single = by_key(render(DEPLOY))
+    docs = render(DEPLOY / "sources" / source)
+    overlay = by_key(docs)
+    extra = {k: v for k, v in overlay.items() if k not in single}
+    assert extra == by_key(load_docs(DEPLOY / "sources" / source / "rbac.yaml"))
+    args = build_parser().parse_args(container_args(deployment(docs)))
+    assert args.quota_source == source
+    assert container_args(deployment(docs)).count(f"--quota-source={source}") == 1
+    changed = deployment(docs)
+    changed["spec"]["template"]["spec"]["containers"][0]["args"] = container_args(
+        deployment(list(single.values()))
+    )
+    assert changed == deployment(list(single.values()))
+    for rule_doc in extra.values():
+        for rule in rule_doc.get("rules", []):
+            assert set(rule["verbs"]) <= {"get", "list", "watch"}, rule
 
 
 @pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 @pytest.mark.parametrize(
     "how",
-    [["-f", "deploy/kubernetes/"], ["-k", "deploy/kubernetes/"], ["-k", "deploy/kubernetes/ha/"]],
+    [
+        ["-f", "deploy/kubernetes/"],
+        ["-k", "deploy/kubernetes/"],
+        ["-k", "deploy/kubernetes/ha/"],
+        ["-k", "deploy/kubernetes/sources/kueue/"],
+    ],
 )
 async def test_kubectl_apply_on_an_empty_cluster(tmp_path: Path, how: list[str]) -> None:
     """The real kubectl against the stand-in API server, which (like the real one)
@@ -153,7 +239,7 @@ async def test_kubectl_apply_on_an_empty_cluster(tmp_path: Path, how: list[str])
         flag, path = how
         done = await asyncio.to_thread(
             subprocess.run,
-            [KUBECTL, "--kubeconfig", str(kubeconfig), "apply", flag, path, "--validate=false"],
+            [KUBECTL, "--kubeconfig", str(kubeconfig), "apply", flag, path],
             capture_output=True,
             text=True,
             timeout=120,

@@ -2,7 +2,7 @@
 makes against the stand-in API server is allowed by the shipped ClusterRole/Role, and every
 granted (group, resource, verb) is used. Shadow mode (the shipped Deployments' own command
 lines, ``single`` and ``ha``) needs base/rbac.yaml: read-only plus the Lease; evictions
-(``--executor kubernetes``) add evict/rbac.yaml; each quota source adds sources/NAME.yaml."""
+(``--executor kubernetes``) add evict/rbac.yaml; each quota source adds sources/NAME/rbac.yaml."""
 
 from __future__ import annotations
 
@@ -171,7 +171,7 @@ async def test_quota_sources_need_only_their_extra_rules(tmp_path: Path, source:
             for ns, rule in rules("base/rbac.yaml")
             if "leases" not in rule["resources"] and "quotas" not in rule["resources"]
         ]
-        check(r.server.calls, base + rules(f"sources/{source}.yaml"))
+        check(r.server.calls, base + rules(f"sources/{source}/rbac.yaml"))
 
 
 async def _watching(watcher: Any) -> bool:

@@ -367,7 +367,7 @@ def test_serve_and_demo_stop_on_a_signal_with_status_0(
 
 def test_readme_states_exit_statuses_limits_and_units() -> None:
     text = " ".join(README.read_text().split())
-    assert "exit 143 (130 for SIGINT)" in text
+    assert "exits 143 (130 for SIGINT)" in text
     assert "`run`, `serve` and `demo` drain and exit 0" in text
     assert MAX_EVENTS_BYTES == 16 * 2**20 and "16 MiB" in text and "413" in text
     assert "millicores" in text and "cores" in text and "bytes" in text

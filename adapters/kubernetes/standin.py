@@ -499,6 +499,8 @@ class ApiServer:
                     ],
                 }
             )
+        if parts[:2] == ["openapi", "v3"]:
+            return self._openapi(parts[2:], kinds)
         if parts == ["api", "v1"]:
             group_version = "v1"
         elif len(parts) == 3 and parts[0] == "apis":
@@ -524,6 +526,40 @@ class ApiServer:
                     for k in listed
                 ],
             }
+        )
+
+    @staticmethod
+    def _openapi(rest: list[str], kinds: list[Kind]) -> web.Response:
+        """The least of OpenAPI v3 kubectl reads before an apply: for each group version, a
+        PATCH operation per kind that takes ``fieldValidation``, so kubectl leaves
+        validation to the server (which accepts the parameter and checks nothing)."""
+        by_gv: dict[str, list[Kind]] = {}
+        for kind in kinds:
+            prefix = "api" if not kind.group else "apis"
+            by_gv.setdefault(f"{prefix}/{kind.group_version}", []).append(kind)
+        if not rest:
+            return web.json_response(
+                {"paths": {gv: {"serverRelativeURL": f"/openapi/v3/{gv}"} for gv in by_gv}}
+            )
+        listed = by_gv.get("/".join(rest))
+        if listed is None:
+            return _answer(404, "NotFound", f"no OpenAPI document for {'/'.join(rest)}")
+        paths = {}
+        for kind in listed:
+            scope = "namespaces/{namespace}/" if kind.namespaced else ""
+            path = f"/{'/'.join(rest)}/{scope}{kind.plural}/{{name}}"
+            gvk = {"group": kind.group, "version": kind.version, "kind": kind.kind}
+            parameter = {"name": "fieldValidation", "in": "query", "schema": {"type": "string"}}
+            paths[path] = {
+                "patch": {
+                    "operationId": f"patch{kind.kind}",
+                    "parameters": [parameter],
+                    "x-kubernetes-group-version-kind": gvk,
+                    "responses": {"200": {"description": "OK"}},
+                }
+            }
+        return web.json_response(
+            {"openapi": "3.0.0", "info": {"title": "stand-in", "version": "v1"}, "paths": paths}
         )
 
     def _matching(self, route: _Route, selector: str | None) -> list[dict[str, Any]]:
