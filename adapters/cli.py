@@ -25,13 +25,13 @@ from typing import Any, TextIO
 import msgspec
 
 from quotaledger.engine.fold_loop import Until, fold, parse_until
-from quotaledger.engine.render import amounts, tree_text
+from quotaledger.engine.render import amounts, tree_lines, tree_text
 from quotaledger.engine.restore import ChainedFold, Restored, restore
-from quotaledger.events.codec import encode_event, peek_kind
+from quotaledger.events.codec import EventError, decode_event, encode_event, peek_kind
 from quotaledger.events.ledger import Append, LedgerError, Record, Snapshot
 from quotaledger.events.model import LedgerDigest, LedgerOpened
 from quotaledger.events.times import MAX_DELAY_S
-from quotaledger.projections import Projection, state_hash, state_json
+from quotaledger.projections import Projection, rfc3339, state_hash, state_json
 from quotaledger.projections.snapshot import SnapshotError, dump
 
 from .demo import add_demo_parser
@@ -187,6 +187,12 @@ def _check_end(until: Until, state_offset: int, option: str = "--until") -> None
     (DECISIONS 36); a time past the end is the end."""
     if until.offset is not None and state_offset < until.offset:
         raise UserError(f"{option} {until.offset}: the ledger ends at offset {state_offset}")
+    if until.ts is not None and state_offset < 0:
+        # DECISIONS 266: no state before the first record (LedgerOpened), not offset -1.
+        raise UserError(
+            f"{option} {rfc3339(until.ts)}: before the ledger opened (its first record,"
+            " offset 0, is later): no state then"
+        )
 
 
 def _batched(items: Iterable[Record], size: int = 5000) -> Iterator[list[Record]]:
@@ -289,8 +295,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
+    """The indented tree alone (DECISIONS 263); ``replay`` adds the header and footer."""
     restored = fold_path(_ledger_arg(args.source), args)
-    print(tree_text(state_json(restored.projection.state)))
+    print("\n".join(tree_lines(state_json(restored.projection.state))))
     return 0
 
 
@@ -585,7 +592,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         _print_json(result)
     else:
         for decision in result["decisions"]:
-            print(describe_decision(decision))
+            # The ledger's opening record is no decision (DECISIONS 265; --json keeps it).
+            if decision["kind"] != "LedgerOpened":
+                print(describe_decision(decision))
         print(tree_text(result["state"]))
     return 0
 
@@ -817,6 +826,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
         )
     if args.pod is not None:
         report = report.for_pod(args.pod)
+        if not report.findings and not _with_ledger_records(
+            ledger, lambda source: _mentions_pod(source, args.pod), "audit"
+        ):
+            raise UserError(f"--pod {args.pod}: no such pod in {args.ledger}")
     if args.json:
         document = report_json(report)
         if args.pod is not None:
@@ -825,6 +838,20 @@ def cmd_audit(args: argparse.Namespace) -> int:
     else:
         print(report_text(report))
     return 1 if report.failed else 0
+
+
+def _mentions_pod(source: RecordSource, uid: str) -> bool:
+    """True when a pod fact of the ledger names ``uid`` (``audit --pod``: a pod the
+    ledger never held is "no such pod", exit 2, like every other not-found)."""
+    for record in source(0):
+        if peek_kind(record.payload) in ("PodUpserted", "PodRemoved"):
+            try:
+                event = decode_event(record.payload)
+            except EventError:
+                continue
+            if getattr(event, "uid", None) == uid:
+                return True
+    return False
 
 
 def _fold_for_whatif(path: Path | str, until: Until, args: argparse.Namespace) -> Projection:
@@ -1051,8 +1078,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     tree = commands.add_parser(
         "tree",
-        help="show the quota tree in human units",
-        description="The tree with min/max/request/used/runtime per quota.",
+        help="show the quota tree alone, in human units",
+        description="The quota tree alone: root and every quota indented under its parent"
+        " with min/max/request/used/runtime (cpu in cores, memory in bytes with binary"
+        " units), then any orphans. `replay` prints the same tree with a header (offset,"
+        " time, hash, cluster totals) and a footer (running preemptions, rejected records).",
         epilog="examples:\n  quotaledger tree examples/koordinator.jsonl\n"
         "  quotaledger tree ledger.db --until 2026-01-01T00:00:00Z\n",
         formatter_class=raw,

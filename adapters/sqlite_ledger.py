@@ -215,6 +215,8 @@ class SqliteLedger:
                     " not writable (a read-only medium?); this command writes to the ledger,"
                     " while replay, tree, audit and whatif only read it"
                 )
+        if create and not read_only and not os.path.exists(fspath):
+            _check_creatable(fspath)
         if read_only:
             return await cls._open_read_only(
                 fspath,
@@ -240,6 +242,8 @@ class SqliteLedger:
             reader.execute("PRAGMA query_only = ON")
         except sqlite3.OperationalError as exc:  # cannot open, locked, read-only, ...
             await _discard(loop, executor, writer, reader)
+            if _is_read_only_error(exc) and not os.path.exists(fspath):
+                raise LedgerError(_cannot_create(fspath, str(exc))) from None
             if _is_read_only_error(exc) and os.path.exists(fspath):
                 raise LedgerError(
                     f"cannot open ledger {fspath} for writing: {exc} (a read-only file,"
@@ -731,6 +735,29 @@ def _connect_read_only(
         return conn, params
     assert failure is not None
     raise failure
+
+
+def _cannot_create(fspath: str, why: str) -> str:
+    return (
+        f"cannot create ledger {fspath}: {why}; choose a writable directory (replay, tree,"
+        " audit and whatif read an existing ledger on a read-only medium)"
+    )
+
+
+def _check_creatable(fspath: str) -> None:
+    """A new ledger's directory must exist and be writable: say so in words
+    instead of SQLite's "unable to open database file" (DESIGN §9 clear errors)."""
+    directory = os.path.dirname(fspath)
+    if not os.path.isdir(directory):
+        raise LedgerError(_cannot_create(fspath, f"no such directory {directory}"))
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise LedgerError(
+            _cannot_create(
+                fspath,
+                f"the directory {directory} is not writable (a read-only medium or"
+                " another user's directory?)",
+            )
+        )
 
 
 def _is_read_only_error(exc: sqlite3.Error) -> bool:

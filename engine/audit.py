@@ -69,7 +69,7 @@ from quotaledger.events.model import (
 from quotaledger.projections import Projection, rfc3339, state_hash
 from quotaledger.projections.clocks import free_capacity, is_owing, is_starving
 from quotaledger.projections.derive import settle
-from quotaledger.projections.plans import Plan, Victim, decrease_target
+from quotaledger.projections.plans import Plan, Victim, comparable_explain, decrease_target
 from quotaledger.projections.snapshot import dump, load
 from quotaledger.projections.state import ProjectedState
 
@@ -756,11 +756,10 @@ class Auditor:
                     "queue-differs", {"recorded": event.queue, "pod": pod, "queue": victim.queue}
                 )
             )
-        if event.explain and dict(event.explain) != dict(victim.explain):
+        recorded, derived = comparable_explain(event.explain), comparable_explain(victim.explain)
+        if event.explain and recorded != derived:
             differing = sorted(
-                key
-                for key in set(event.explain) | set(victim.explain)
-                if event.explain.get(key) != victim.explain.get(key)
+                key for key in set(recorded) | set(derived) if recorded.get(key) != derived.get(key)
             )
             finding.problems.append(Problem("explain-differs", {"keys": differing}))
         return victim

@@ -16,6 +16,7 @@ from quotaledger.events.quantity import format_amount
 from quotaledger.projections import rfc3339
 from quotaledger.projections.clocks import owed, sampled
 from quotaledger.projections.guard import delay_ms
+from quotaledger.projections.plans import created_text
 from quotaledger.projections.state import ProjectedState
 
 from .audit_findings import AuditReport, DigestCheck, Finding, Problem
@@ -96,7 +97,7 @@ def sort_words(explain: Mapping[str, Any]) -> str:
 
 
 def pod_words(pod: PodUpserted) -> str:
-    created = pod.created_at.isoformat() if pod.created_at is not None else None
+    created = created_text(pod)
     return sort_words(
         {
             "sort_key": {

@@ -45,7 +45,7 @@ from .clocks import apply_observation, release_holds
 from .derive import settle
 from .plans import decrease_target
 from .resources import add_into, sub_into
-from .state import ACTIVE_PHASES, ROOT, ProjectedState, Rejection
+from .state import ACTIVE_PHASES, ROOT, NodeMeta, ProjectedState, Rejection
 from .tree import attach_pod, compact, detach_pod, drop_quota, put_quota, replace_pod
 from .validation import check_remove, check_upsert
 
@@ -177,11 +177,16 @@ class Projection:
         state.nodes[event.name] = event.allocatable
         add_into(state.allocatable, event.allocatable)
         state.total_dirty = True
+        if event.labels or event.unschedulable:
+            state.node_meta[event.name] = NodeMeta(dict(event.labels), event.unschedulable)
+        elif state.node_meta:
+            state.node_meta.pop(event.name, None)
         return None
 
     def _node_removed(self, offset: int, ts: int, event: NodeRemoved) -> str | None:
         state = self.state
         removed = state.nodes.pop(event.name, None)
+        state.node_meta.pop(event.name, None)
         if removed is not None:
             sub_into(state.allocatable, removed)
             state.total_dirty = True

@@ -102,9 +102,22 @@ def _persisted_fields() -> tuple[PersistedField, ...]:
 #: Every persisted field, in declaration order (the order of restore).
 FIELDS = _persisted_fields()
 
+
+def _stored_field(item: PersistedField) -> tuple[Any, ...]:
+    """A stored attribute; one a snapshot may lack (``absent_is_empty``) defaults empty."""
+    hint = typing.get_type_hints(ProjectedState)[item.name]
+    marker = next(
+        f.metadata[PERSISTED] for f in dataclasses.fields(ProjectedState) if f.name == item.name
+    )
+    if marker.absent_is_empty:
+        empty = typing.get_origin(hint) or hint
+        return (item.name, item.stored_type, msgspec.field(default_factory=empty))
+    return (item.name, item.stored_type)
+
+
 #: The stored state: one attribute per persisted field.
 StoredState: type[msgspec.Struct] = msgspec.defstruct(
-    "StoredState", [(item.name, item.stored_type) for item in FIELDS], kw_only=True
+    "StoredState", [_stored_field(item) for item in FIELDS], kw_only=True
 )
 
 

@@ -25,7 +25,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 RECORDED = {
     "koordinator.jsonl": (
         "1c31db000968a38a36a848bd28ba050ee7b189a5285a32e29a120042f892843d",
-        "4452aa66178b70152389563bb87971ba01a374834cfe01a79f2e03c41328a6d5",
+        "41bc06dcbbfcdfabb17acbc5e38dfe79464799682a472ce18955e9edc33d8489",
     ),
     "overuse.jsonl": (
         "ad7be7e9c3f45debdf8cb12f6ab8ea57573c9e5a71a70e3bf33c710da92414b7",
@@ -42,8 +42,49 @@ RECORDED = {
 }
 
 
+#: Examples whose bad lines are the point: checked against their good lines, not pinned.
+REJECTING = ("rejected-line.jsonl",)
+
+
 def test_every_shipped_example_is_recorded() -> None:
-    assert sorted(path.name for path in EXAMPLES.glob("*.jsonl")) == sorted(RECORDED)
+    shipped = sorted(path.name for path in EXAMPLES.glob("*.jsonl"))
+    assert shipped == sorted([*RECORDED, *REJECTING])
+
+
+@pytest.mark.parametrize("example", sorted(RECORDED))
+def test_recorded_examples_fold_without_a_rejection(
+    example: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's first command (and every recorded example) runs clean."""
+    code = main(["replay", str(EXAMPLES / example), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert json.loads(out)["rejected"] == []
+    assert main(["replay", str(EXAMPLES / example)]) == 0
+    assert "rejected" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("example", REJECTING)
+def test_rejected_lines_change_nothing_but_the_rejected_list(
+    example: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every bad line of the example is rejected and listed, and the state (its hash and
+    every number) is the state of its good lines alone (DESIGN §9: a stream keeps going)."""
+    assert main(["replay", str(EXAMPLES / example), "--json"]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    bad = {item["offset"] for item in whole["rejected"]}
+    assert len(bad) >= 3  # a validation rejection, a bad amount, broken JSON
+    assert {item["kind"] for item in whole["rejected"]} >= {"QuotaUpserted", "PodUpserted", None}
+    lines = (EXAMPLES / example).read_text().splitlines()
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(f"{line}\n" for n, line in enumerate(lines, 1) if n not in bad))
+    assert main(["replay", str(good), "--json"]) == 0
+    clean = json.loads(capsys.readouterr().out)
+    assert clean["rejected"] == []
+    assert clean["hash"] == whole["hash"]
+    assert clean["quotas"] == whole["quotas"] and clean["cluster"] == whole["cluster"]
+    assert main(["replay", str(EXAMPLES / example)]) == 0
+    assert f"{len(bad)} rejected record(s)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("example", sorted(RECORDED))
