@@ -19,7 +19,13 @@ Rules, the same as aiokafka's fetcher keeps:
 * a fetch inside a batch returns the whole batch: its records before the
   position are dropped, as are batches that end before it;
 * every batch's CRC is checked; a batch that fails it is an error naming its
-  offset, never records;
+  offset, never records. The batches before it in the same response are
+  returned first, with the position at the damaged batch: the next fetch starts
+  there and meets it first, so a reader hands out every record before the damage
+  and then stops with the error (DESIGN §9, §10);
+* a look at record 0 (``first_only``: a ledger's open, an idle follower's check)
+  reads the response up to its first data batch and no further: whatever follows
+  record 0 (a hole, damage) is for the reads that hand it out (DESIGN §3);
 * a response with bytes but no complete batch (a batch larger than the fetch
   size, from a broker that does not return a first batch whole) is fetched again
   with four times the size, up to :data:`MAX_FETCH_BYTES`, then an error;
@@ -104,23 +110,32 @@ class Fetched:
 
 
 def record_batches(
-    where: str, data: bytes, position: int, markers: list[tuple[int, int]] | None = None
+    where: str,
+    data: bytes,
+    position: int,
+    markers: list[tuple[int, int]] | None = None,
+    *,
+    first_only: bool = False,
 ) -> tuple[list[Iterable[Message]], int]:
     """The record batches of a fetched message set, and the next fetch position.
 
     Drops control batches and whatever lies before ``position``; checks each
-    batch's CRC. Raises :class:`LedgerError` for a batch that fails its CRC. An
+    batch's CRC. A batch that fails its CRC ends the batches returned, the
+    position at it; with no data batch before it, :class:`LedgerError`. An
     incomplete batch at the end of ``data`` (the fetch size cut it) is left for
     the next fetch: the position stops before it. ``markers`` receives the
-    ``(first, end)`` offsets of each control batch dropped.
+    ``(first, end)`` offsets of each control batch dropped. ``first_only``
+    stops after the first data batch.
     """
     records = MemoryRecords(data)
     batches: list[Iterable[Message]] = []
     while records.has_next():
         batch = records.next_batch()
         if not batch.validate_crc():
+            if batches:
+                break  # the records before it first; the next fetch meets it first
             raise LedgerError(
-                f"{where}: the record batch before offset {batch.next_offset} fails its CRC"
+                f"{where}: the record batch at offset {batch.base_offset} fails its CRC"
                 " check: the broker sent damaged data; refusing to read it"
             )
         end = batch.next_offset
@@ -145,6 +160,8 @@ def record_batches(
         else:
             batches.append(batch)
         position = end
+        if first_only:
+            break
     return batches, position
 
 
@@ -170,10 +187,13 @@ class PartitionFetcher:
         options: Mapping[str, Any],
         partition: int = 0,
         fetch_bytes: int = FETCH_BYTES,
+        first_only: bool = False,
     ) -> None:
         self.where = where
         #: Bytes asked for per fetch (a broker returns at least one whole batch).
         self.fetch_bytes = fetch_bytes
+        #: Read each response only up to its first data batch (a look at record 0).
+        self.first_only = first_only
         self._tp = TopicPartition(topic, partition)
         self._client = AIOKafkaClient(
             bootstrap_servers=list(bootstrap), request_timeout_ms=10_000, **options
@@ -241,7 +261,9 @@ class PartitionFetcher:
                     self._fail(error_code, position)
                 data = rest[-1]
                 markers: list[tuple[int, int]] = []
-                batches, after = record_batches(self.where, data, position, markers)
+                batches, after = record_batches(
+                    self.where, data, position, markers, first_only=self.first_only
+                )
                 if not batches and after == position and _incomplete(data):
                     return None
                 return Fetched(batches, after, highwater, log_start, markers=markers)

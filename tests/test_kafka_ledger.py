@@ -70,9 +70,13 @@ class Msg(NamedTuple):
 def sequence(
     where: str, messages: list[tuple[int, bytes | None, int]], *args: Any
 ) -> tuple[list[Record], int, int]:
-    """The walk of one batch of ``messages``; a skip it stops at is returned as
-    ``LedgerGap`` (raised), as a reader that has given up on it would."""
+    """The walk of one batch of ``messages``; a skip it stops at is raised as
+    ``LedgerGap`` (the judge's, when it proved the gap), as a reader that has
+    handed out the records before it and given up on it would."""
     records, nxt, ts, hole = sequence_messages(where, [[Msg(*m) for m in messages]], *args)
+    judge = next((a for a in args if isinstance(a, GapJudge)), None)
+    if judge is not None and judge.gap is not None:
+        raise judge.gap
     if hole >= 0:
         raise LedgerGap(f"offset {nxt} is missing (next record at {hole})")
     return records, nxt, ts
@@ -136,18 +140,23 @@ def test_a_proven_gap_needs_no_wait() -> None:
     for fill in (False, True):
         judge = GapJudge("k", fill, {})
         judge.log_start = 9
-        with pytest.raises(LedgerGap, match="the log now starts at offset 9"):
-            judge(4, 10)
+        # a proven gap stops the walk; the judge keeps the error for the reader to
+        # raise once it has handed out the records before it (DESIGN §10)
+        assert not judge(4, 10)
+        assert isinstance(judge.gap, LedgerGap)
+        assert "offsets 4..9 hold no record and the log now starts at offset 9" in str(judge.gap)
         judge = GapJudge("k", fill, {})
         judge.markers = [(3, 4), (4, 6)]
         assert judge.covered(3, 6) and judge.covered(4, 5)
         assert not judge.covered(2, 6) and not judge.covered(3, 7)
         if fill:
             assert judge(3, 6) and not judge(3, 7)
+            assert judge.gap is None
         else:
-            with pytest.raises(LedgerGap, match=r"3\.\.5 are transaction markers"):
-                judge(3, 6)
-            assert not judge(3, 7)
+            assert not judge(3, 7) and judge.gap is None  # not covered: not proven
+            assert not judge(3, 6)
+            assert isinstance(judge.gap, LedgerGap)
+            assert "offsets 3..5 are transaction markers" in str(judge.gap)
 
 
 def test_ts_prefers_at_then_the_record_timestamp() -> None:
