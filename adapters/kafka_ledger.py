@@ -38,6 +38,12 @@ Rules this backend keeps, whatever the broker:
 Snapshots live in a local SQLite file (``snapshots=PATH``), keyed by ledger_id
 (:mod:`quotaledger.adapters.snapshot_store`); without one, ``save_snapshot`` is
 a no-op and ``load_snapshot`` finds nothing.
+
+A handle opened ``read_only`` (the read-only commands, DESIGN §9) writes
+nothing anywhere: it creates no topic, has no producer, refuses ``append`` and
+``save_snapshot`` with a :class:`LedgerError` saying it is read-only, and reads
+the snapshot file through a query-only connection (none when the file does not
+exist). Whether the credentials may write is the broker's ACLs' business (§10).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -171,8 +178,10 @@ class KafkaLedger:
         append_timeout_s: float,
         fill_gaps: bool = False,
         gap_patience_s: float = GAP_PATIENCE_S,
+        read_only: bool = False,
     ) -> None:
-        """Internal: use :meth:`open`."""
+        """Internal: use :meth:`open` (``producer`` is None when ``read_only``)."""
+        self._read_only = read_only
         #: Read a skip inside the log as filler records instead of stopping (gaps=fill).
         self.fill_gaps = fill_gaps
         self.bootstrap = list(bootstrap)
@@ -224,9 +233,12 @@ class KafkaLedger:
         append_timeout_s: float = 120.0,
         gaps: str = "stop",
         gap_patience_s: float = GAP_PATIENCE_S,
+        read_only: bool = False,
     ) -> KafkaLedger:
         """Open the ledger in ``topic``; with ``create``, make the topic (one
         partition, kept forever) and write its ``LedgerOpened`` when missing.
+        ``read_only`` never creates or writes anything (module docstring): it
+        opens an existing ledger as with ``create=False``.
 
         ``LedgerOpened`` carries ``at`` = ``opened_at_ms`` (default: the wall
         clock), so later facts with an older ``at`` are clamped up to it (§10).
@@ -245,19 +257,23 @@ class KafkaLedger:
         servers = [bootstrap] if isinstance(bootstrap, str) else list(bootstrap)
         options = dict(client_options or {})
         where = f"kafka://{','.join(servers)}/{topic}"
+        if read_only:
+            create = False
         await _ensure_topic(servers, topic, options, create, where)
-        producer = AIOKafkaProducer(
-            bootstrap_servers=servers,
-            **producer_settings(),
-            request_timeout_ms=10_000,
-            retry_backoff_ms=100,
-            **options,
-        )
-        try:
-            await producer.start()
-        except KafkaError as exc:
-            await producer.stop()
-            raise LedgerError(f"{where}: cannot connect: {exc}") from None
+        producer: Any = None
+        if not read_only:
+            producer = AIOKafkaProducer(
+                bootstrap_servers=servers,
+                **producer_settings(),
+                request_timeout_ms=10_000,
+                retry_backoff_ms=100,
+                **options,
+            )
+            try:
+                await producer.start()
+            except KafkaError as exc:
+                await producer.stop()
+                raise LedgerError(f"{where}: cannot connect: {exc}") from None
         ledger = cls(
             servers,
             topic,
@@ -270,6 +286,7 @@ class KafkaLedger:
             append_timeout_s=append_timeout_s,
             fill_gaps=gaps == "fill",
             gap_patience_s=gap_patience_s,
+            read_only=read_only,
         )
         try:
             first = await ledger._first_record(where)
@@ -292,8 +309,8 @@ class KafkaLedger:
                     )
             ledger._ledger_id = found
             ledger._remember(0, first.ts)
-            if snapshots is not None:
-                ledger._snapshots = SnapshotStore.open(snapshots, found)
+            if snapshots is not None and not (read_only and not os.path.exists(snapshots)):
+                ledger._snapshots = SnapshotStore.open(snapshots, found, read_only=read_only)
         except BaseException:
             await ledger.close()
             raise
@@ -335,6 +352,11 @@ class KafkaLedger:
         """The TLS/SASL arguments every client of this ledger uses."""
         return dict(self._options)
 
+    @property
+    def read_only(self) -> bool:
+        """True when opened with ``read_only`` (nothing can be written)."""
+        return self._read_only
+
     # ---------------------------------------------------------------- append
 
     async def append(self, batch: Sequence[Append]) -> list[int]:
@@ -345,6 +367,7 @@ class KafkaLedger:
         ``ts`` None is the ledger clock; the record timestamp carries it.
         """
         self._check_open()
+        self._check_writable("append to")
         items = batch if isinstance(batch, list) else list(batch)
         if not items:
             return []
@@ -741,6 +764,7 @@ class KafkaLedger:
     async def save_snapshot(self, snapshot: Snapshot) -> None:
         """Store ``snapshot`` in the ``--snapshots`` file (a no-op without one)."""
         self._check_open()
+        self._check_writable("save a snapshot to")
         if self._snapshots is None:
             return
         await self._snapshots.save(snapshot, await self.ts_at(snapshot.offset))
@@ -770,14 +794,19 @@ class KafkaLedger:
         self._closed = True
         for reader in list(self._readers):
             await reader.close()
-        with contextlib.suppress(Exception):
-            await self._producer.stop()
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await self._producer.stop()
         if self._snapshots is not None:
             self._snapshots.close()
 
     def _check_open(self) -> None:
         if self._closed:
             raise LedgerError(f"ledger {self.where} is closed")
+
+    def _check_writable(self, what: str) -> None:
+        if self._read_only:
+            raise LedgerError(f"ledger {self.where} is open read-only: cannot {what} it")
 
     def __repr__(self) -> str:
         return f"<KafkaLedger {self.where} ledger_id={self._ledger_id}>"
