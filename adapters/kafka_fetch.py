@@ -23,9 +23,6 @@ Rules, the same as aiokafka's fetcher keeps:
   returned first, with the position at the damaged batch: the next fetch starts
   there and meets it first, so a reader hands out every record before the damage
   and then stops with the error (DESIGN §9, §10);
-* a look at record 0 (``first_only``: a ledger's open, an idle follower's check)
-  reads the response up to its first data batch and no further: whatever follows
-  record 0 (a hole, damage) is for the reads that hand it out (DESIGN §3);
 * a response with bytes but no complete batch (a batch larger than the fetch
   size, from a broker that does not return a first batch whole) is fetched again
   with four times the size, up to :data:`MAX_FETCH_BYTES`, then an error;
@@ -114,8 +111,6 @@ def record_batches(
     data: bytes,
     position: int,
     markers: list[tuple[int, int]] | None = None,
-    *,
-    first_only: bool = False,
 ) -> tuple[list[Iterable[Message]], int]:
     """The record batches of a fetched message set, and the next fetch position.
 
@@ -124,8 +119,7 @@ def record_batches(
     position at it; with no data batch before it, :class:`LedgerError`. An
     incomplete batch at the end of ``data`` (the fetch size cut it) is left for
     the next fetch: the position stops before it. ``markers`` receives the
-    ``(first, end)`` offsets of each control batch dropped. ``first_only``
-    stops after the first data batch.
+    ``(first, end)`` offsets of each control batch dropped.
     """
     records = MemoryRecords(data)
     batches: list[Iterable[Message]] = []
@@ -160,8 +154,6 @@ def record_batches(
         else:
             batches.append(batch)
         position = end
-        if first_only:
-            break
     return batches, position
 
 
@@ -187,13 +179,10 @@ class PartitionFetcher:
         options: Mapping[str, Any],
         partition: int = 0,
         fetch_bytes: int = FETCH_BYTES,
-        first_only: bool = False,
     ) -> None:
         self.where = where
         #: Bytes asked for per fetch (a broker returns at least one whole batch).
         self.fetch_bytes = fetch_bytes
-        #: Read each response only up to its first data batch (a look at record 0).
-        self.first_only = first_only
         self._tp = TopicPartition(topic, partition)
         self._client = AIOKafkaClient(
             bootstrap_servers=list(bootstrap), request_timeout_ms=10_000, **options
@@ -261,9 +250,7 @@ class PartitionFetcher:
                     self._fail(error_code, position)
                 data = rest[-1]
                 markers: list[tuple[int, int]] = []
-                batches, after = record_batches(
-                    self.where, data, position, markers, first_only=self.first_only
-                )
+                batches, after = record_batches(self.where, data, position, markers)
                 if not batches and after == position and _incomplete(data):
                     return None
                 return Fetched(batches, after, highwater, log_start, markers=markers)

@@ -460,8 +460,7 @@ class KafkaLedger:
         of the next is already on its way (one prefetch, sent as soon as a
         response's end is known), so the broker works while the caller folds.
         ``head_only`` (a look at record 0: open, the idle follower's check) asks
-        for :data:`HEAD_FETCH_BYTES`, reads each response up to its first data
-        batch and walks only the first record fetched.
+        for :data:`HEAD_FETCH_BYTES` and walks only the first record fetched.
         """
         start, prev_ts = self._resume_point(from_offset)
         reader = PartitionFetcher(
@@ -470,7 +469,6 @@ class KafkaLedger:
             self.where,
             self._options,
             fetch_bytes=HEAD_FETCH_BYTES if head_only else self.fetch_bytes,
-            first_only=head_only,
         )
         self._readers.add(reader)
         try:

@@ -324,6 +324,8 @@ async def test_opening_looks_at_record_0_only(proxied: ProxiedTansu, topic: str)
                 reader = await KafkaLedger.open(
                     proxied.bootstrap, topic, create=False, poll_ms=20, gap_patience_s=3600
                 )
+            # the opening did not even see the skip (it walks record 0 only)
+            assert reader.hole_waits == 0
             follower = Follower(reader)
             try:
                 assert reader.ledger_id == writer.ledger_id
