@@ -22,7 +22,7 @@ Rules, the same as aiokafka's fetcher keeps:
   offset, never records. The batches before it in the same response are
   returned first, with the position at the damaged batch: the next fetch starts
   there and meets it first, so a reader hands out every record before the damage
-  and then stops with the error (DESIGN §9, §10);
+  and then stops with the error (DESIGN §9, §10; DECISIONS 204);
 * a response with bytes but no complete batch (a batch larger than the fetch
   size, from a broker that does not return a first batch whole) is fetched again
   with four times the size, up to :data:`MAX_FETCH_BYTES`, then an error;

@@ -43,7 +43,8 @@ A handle opened ``read_only`` (the read-only commands, DESIGN §9) writes
 nothing anywhere: it creates no topic, has no producer, refuses ``append`` and
 ``save_snapshot`` with a :class:`LedgerError` saying it is read-only, and reads
 the snapshot file through a query-only connection (none when the file does not
-exist). Whether the credentials may write is the broker's ACLs' business (§10).
+exist). Whether the credentials may write is the broker's ACLs' business (§10;
+DECISIONS 205).
 """
 
 from __future__ import annotations
@@ -843,7 +844,7 @@ class GapJudge:
     it in :attr:`gap` and answers False, so the walk ends at the gap with the
     records before it; the reader hands those out and then raises the gap (DESIGN
     §10: a gap stops the reader with a clear error naming the offset, after the
-    ledger up to it, which ``replay`` and ``audit`` show).
+    ledger up to it, which ``replay`` and ``audit`` show; DECISIONS 204).
     """
 
     __slots__ = ("fill", "gap", "judged", "log_start", "markers", "where")
