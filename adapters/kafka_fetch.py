@@ -19,7 +19,10 @@ Rules, the same as aiokafka's fetcher keeps:
 * a fetch inside a batch returns the whole batch: its records before the
   position are dropped, as are batches that end before it;
 * every batch's CRC is checked; a batch that fails it is an error naming its
-  offset, never records;
+  offset, never records. The batches before it in the same response are
+  returned first, with the position at the damaged batch: the next fetch starts
+  there and meets it first, so a reader hands out every record before the damage
+  and then stops with the error (DESIGN §9, §10; DECISIONS 204);
 * a response with bytes but no complete batch (a batch larger than the fetch
   size, from a broker that does not return a first batch whole) is fetched again
   with four times the size, up to :data:`MAX_FETCH_BYTES`, then an error;
@@ -104,12 +107,16 @@ class Fetched:
 
 
 def record_batches(
-    where: str, data: bytes, position: int, markers: list[tuple[int, int]] | None = None
+    where: str,
+    data: bytes,
+    position: int,
+    markers: list[tuple[int, int]] | None = None,
 ) -> tuple[list[Iterable[Message]], int]:
     """The record batches of a fetched message set, and the next fetch position.
 
     Drops control batches and whatever lies before ``position``; checks each
-    batch's CRC. Raises :class:`LedgerError` for a batch that fails its CRC. An
+    batch's CRC. A batch that fails its CRC ends the batches returned, the
+    position at it; with no data batch before it, :class:`LedgerError`. An
     incomplete batch at the end of ``data`` (the fetch size cut it) is left for
     the next fetch: the position stops before it. ``markers`` receives the
     ``(first, end)`` offsets of each control batch dropped.
@@ -119,8 +126,10 @@ def record_batches(
     while records.has_next():
         batch = records.next_batch()
         if not batch.validate_crc():
+            if batches:
+                break  # the records before it first; the next fetch meets it first
             raise LedgerError(
-                f"{where}: the record batch before offset {batch.next_offset} fails its CRC"
+                f"{where}: the record batch at offset {batch.base_offset} fails its CRC"
                 " check: the broker sent damaged data; refusing to read it"
             )
         end = batch.next_offset

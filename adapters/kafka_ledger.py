@@ -38,6 +38,13 @@ Rules this backend keeps, whatever the broker:
 Snapshots live in a local SQLite file (``snapshots=PATH``), keyed by ledger_id
 (:mod:`quotaledger.adapters.snapshot_store`); without one, ``save_snapshot`` is
 a no-op and ``load_snapshot`` finds nothing.
+
+A handle opened ``read_only`` (the read-only commands, DESIGN §9) writes
+nothing anywhere: it creates no topic, has no producer, refuses ``append`` and
+``save_snapshot`` with a :class:`LedgerError` saying it is read-only, and reads
+the snapshot file through a query-only connection (none when the file does not
+exist). Whether the credentials may write is the broker's ACLs' business (§10;
+DECISIONS 205).
 """
 
 from __future__ import annotations
@@ -45,9 +52,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any
@@ -171,8 +179,10 @@ class KafkaLedger:
         append_timeout_s: float,
         fill_gaps: bool = False,
         gap_patience_s: float = GAP_PATIENCE_S,
+        read_only: bool = False,
     ) -> None:
-        """Internal: use :meth:`open`."""
+        """Internal: use :meth:`open` (``producer`` is None when ``read_only``)."""
+        self._read_only = read_only
         #: Read a skip inside the log as filler records instead of stopping (gaps=fill).
         self.fill_gaps = fill_gaps
         self.bootstrap = list(bootstrap)
@@ -224,9 +234,12 @@ class KafkaLedger:
         append_timeout_s: float = 120.0,
         gaps: str = "stop",
         gap_patience_s: float = GAP_PATIENCE_S,
+        read_only: bool = False,
     ) -> KafkaLedger:
         """Open the ledger in ``topic``; with ``create``, make the topic (one
         partition, kept forever) and write its ``LedgerOpened`` when missing.
+        ``read_only`` never creates or writes anything (module docstring): it
+        opens an existing ledger as with ``create=False``.
 
         ``LedgerOpened`` carries ``at`` = ``opened_at_ms`` (default: the wall
         clock), so later facts with an older ``at`` are clamped up to it (§10).
@@ -245,19 +258,23 @@ class KafkaLedger:
         servers = [bootstrap] if isinstance(bootstrap, str) else list(bootstrap)
         options = dict(client_options or {})
         where = f"kafka://{','.join(servers)}/{topic}"
+        if read_only:
+            create = False
         await _ensure_topic(servers, topic, options, create, where)
-        producer = AIOKafkaProducer(
-            bootstrap_servers=servers,
-            **producer_settings(),
-            request_timeout_ms=10_000,
-            retry_backoff_ms=100,
-            **options,
-        )
-        try:
-            await producer.start()
-        except KafkaError as exc:
-            await producer.stop()
-            raise LedgerError(f"{where}: cannot connect: {exc}") from None
+        producer: Any = None
+        if not read_only:
+            producer = AIOKafkaProducer(
+                bootstrap_servers=servers,
+                **producer_settings(),
+                request_timeout_ms=10_000,
+                retry_backoff_ms=100,
+                **options,
+            )
+            try:
+                await producer.start()
+            except KafkaError as exc:
+                await producer.stop()
+                raise LedgerError(f"{where}: cannot connect: {exc}") from None
         ledger = cls(
             servers,
             topic,
@@ -270,6 +287,7 @@ class KafkaLedger:
             append_timeout_s=append_timeout_s,
             fill_gaps=gaps == "fill",
             gap_patience_s=gap_patience_s,
+            read_only=read_only,
         )
         try:
             first = await ledger._first_record(where)
@@ -292,18 +310,22 @@ class KafkaLedger:
                     )
             ledger._ledger_id = found
             ledger._remember(0, first.ts)
-            if snapshots is not None:
-                ledger._snapshots = SnapshotStore.open(snapshots, found)
+            if snapshots is not None and not (read_only and not os.path.exists(snapshots)):
+                ledger._snapshots = SnapshotStore.open(snapshots, found, read_only=read_only)
         except BaseException:
             await ledger.close()
             raise
         return ledger
 
     async def _first_record(self, where: str) -> Record | None:
-        async for batch in self._read(
-            0, follow=False, check_opened=False, fetch_bytes=HEAD_FETCH_BYTES
-        ):
-            return batch[0]
+        """Record 0, or None when the partition is empty. Only record 0 is looked at:
+        whatever follows it in the first fetch (a hole, a marker, a bad record) is the
+        business of the reads that hand it out, after the records before it (§10), so
+        a ledger with a hole can still be opened to show the records before it."""
+        reads = self._read(0, follow=False, check_opened=False, head_only=True)
+        async with contextlib.aclosing(reads) as batches:
+            async for batch in batches:
+                return batch[0]
         return None
 
     async def __aenter__(self) -> KafkaLedger:
@@ -331,6 +353,11 @@ class KafkaLedger:
         """The TLS/SASL arguments every client of this ledger uses."""
         return dict(self._options)
 
+    @property
+    def read_only(self) -> bool:
+        """True when opened with ``read_only`` (nothing can be written)."""
+        return self._read_only
+
     # ---------------------------------------------------------------- append
 
     async def append(self, batch: Sequence[Append]) -> list[int]:
@@ -341,6 +368,7 @@ class KafkaLedger:
         ``ts`` None is the ledger clock; the record timestamp carries it.
         """
         self._check_open()
+        self._check_writable("append to")
         items = batch if isinstance(batch, list) else list(batch)
         if not items:
             return []
@@ -425,13 +453,15 @@ class KafkaLedger:
         *,
         follow: bool,
         check_opened: bool,
-        fetch_bytes: int | None = None,
-    ) -> AsyncIterator[list[Record]]:
+        head_only: bool = False,
+    ) -> AsyncGenerator[list[Record], None]:
         """Records from ``from_offset`` by Fetch requests (:mod:`.kafka_fetch`).
 
         While the records of one response are walked and handed out, the fetch
         of the next is already on its way (one prefetch, sent as soon as a
         response's end is known), so the broker works while the caller folds.
+        ``head_only`` (a look at record 0: open, the idle follower's check) asks
+        for :data:`HEAD_FETCH_BYTES` and walks only the first record fetched.
         """
         start, prev_ts = self._resume_point(from_offset)
         reader = PartitionFetcher(
@@ -439,7 +469,7 @@ class KafkaLedger:
             self.topic,
             self.where,
             self._options,
-            fetch_bytes=self.fetch_bytes if fetch_bytes is None else fetch_bytes,
+            fetch_bytes=HEAD_FETCH_BYTES if head_only else self.fetch_bytes,
         )
         self._readers.add(reader)
         try:
@@ -497,6 +527,9 @@ class KafkaLedger:
                     fetched = self._out_of_range(fetched, position)
                 if until < 0 and not follow and fetched.highwater is not None:
                     until = fetched.highwater
+                if head_only:
+                    head = _first_message(fetched.batches)
+                    fetched.batches = [] if head is None else [[head]]
                 if not fetched.batches:
                     position = fetched.position  # past control batches, if any
                     # A broker that answers at once with nothing must not make
@@ -540,12 +573,12 @@ class KafkaLedger:
                         )
                     return
                 silent_since = now
-                if fetched.position > position:
+                if fetched.position > position and not head_only:
                     asked = time.monotonic()
                     pending = reader.prefetch(fetched.position, fetch_wait)
                 if expected == 0 and check_opened:
                     head = _first_message(fetched.batches)
-                    if head.offset == 0:
+                    if head is not None and head.offset == 0:
                         self._check_opened(head.value or b"")
                 judge.saw(fetched, expected)
                 walked_from = expected
@@ -561,6 +594,12 @@ class KafkaLedger:
                     if hole_at >= 0:
                         self._hole_closed(hole_at, expected, now - hole_seen)
                         hole_at = -1
+                elif judge.gap is not None:
+                    # A proven gap: the reader stops at it (below), after the records
+                    # before it (§10).
+                    if pending is not None:
+                        pending.cancel()
+                        pending = None
                 else:
                     # A skip not proven permanent: fetch again from its first offset,
                     # never past it, until it is readable or judged (DECISIONS 200).
@@ -582,11 +621,15 @@ class KafkaLedger:
                         # restarted): the patience counts again from now
                         hole_seen = now
                     elif now - hole_seen >= self.gap_patience_s:
-                        self._give_up(expected, nxt, now - hole_seen)
+                        judge.gap = self._give_up(expected, nxt, now - hole_seen)
                         hole_at, hole_delay = -1, 0.0  # judged: the next walk fills
                     hole_last = now
                 if records:
                     yield records
+                if judge.gap is not None:
+                    # Every record before the gap has been handed out: stop at it
+                    # with the error naming it (§10).
+                    raise judge.gap
                 if 0 <= until <= expected:
                     # every record that existed when the read began has been read:
                     # the tail, even if others keep appending (DECISIONS 203)
@@ -598,12 +641,13 @@ class KafkaLedger:
             self._readers.discard(reader)
             await reader.close()
 
-    def _give_up(self, first: int, nxt: int, waited: float) -> None:
+    def _give_up(self, first: int, nxt: int, waited: float) -> LedgerGap | None:
         """The bounded wait at offsets ``first..nxt-1`` has ended (DECISIONS 200):
-        a :class:`LedgerGap` naming them; with ``gaps=fill`` (never at offset 0)
-        they are judged gone, with a warning, and filled by the next walk."""
+        the :class:`LedgerGap` naming them, for the reader to raise once it has
+        handed out the records before them; with ``gaps=fill`` (never at offset 0)
+        None: they are judged gone, with a warning, and filled by the next walk."""
         if not self.fill_gaps or first == 0:
-            raise LedgerGap(
+            return LedgerGap(
                 f"{self.where}: offset {first} is missing: offsets {first}..{nxt - 1} held no"
                 f" record for {waited:.1f} s while offset {nxt} was readable (a write the"
                 " broker lost, or records deleted by retention or compaction); a ledger"
@@ -619,6 +663,7 @@ class KafkaLedger:
             nxt,
         )
         self._judged[first] = nxt
+        return None
 
     def _hole_closed(self, first: int, expected: int, waited: float) -> None:
         """Offsets a skip had left out were read after all: the wait was right."""
@@ -718,6 +763,7 @@ class KafkaLedger:
     async def save_snapshot(self, snapshot: Snapshot) -> None:
         """Store ``snapshot`` in the ``--snapshots`` file (a no-op without one)."""
         self._check_open()
+        self._check_writable("save a snapshot to")
         if self._snapshots is None:
             return
         await self._snapshots.save(snapshot, await self.ts_at(snapshot.offset))
@@ -747,14 +793,19 @@ class KafkaLedger:
         self._closed = True
         for reader in list(self._readers):
             await reader.close()
-        with contextlib.suppress(Exception):
-            await self._producer.stop()
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await self._producer.stop()
         if self._snapshots is not None:
             self._snapshots.close()
 
     def _check_open(self) -> None:
         if self._closed:
             raise LedgerError(f"ledger {self.where} is closed")
+
+    def _check_writable(self, what: str) -> None:
+        if self._read_only:
+            raise LedgerError(f"ledger {self.where} is open read-only: cannot {what} it")
 
     def __repr__(self) -> str:
         return f"<KafkaLedger {self.where} ledger_id={self._ledger_id}>"
@@ -788,9 +839,15 @@ class GapJudge:
       in ``judged`` (``first -> nxt``): filled.
 
     Otherwise the reader fetches again from ``first``. Offset 0 is never filled.
+
+    A proven gap the reader must stop at is not raised mid-walk: the judge keeps
+    it in :attr:`gap` and answers False, so the walk ends at the gap with the
+    records before it; the reader hands those out and then raises the gap (DESIGN
+    §10: a gap stops the reader with a clear error naming the offset, after the
+    ledger up to it, which ``replay`` and ``audit`` show; DECISIONS 204).
     """
 
-    __slots__ = ("fill", "judged", "log_start", "markers", "where")
+    __slots__ = ("fill", "gap", "judged", "log_start", "markers", "where")
 
     def __init__(self, where: str, fill: bool, judged: dict[int, int]) -> None:
         self.where = where
@@ -800,6 +857,8 @@ class GapJudge:
         #: ``(first, end)`` of control batches seen and not yet passed.
         self.markers: list[tuple[int, int]] = []
         self.log_start = -1
+        #: The proven gap the last walk stopped at, for the reader to raise (None: none).
+        self.gap: LedgerGap | None = None
 
     def saw(self, fetched: Fetched, expected: int) -> None:
         """Take in what a fetch response proves (before its records are walked)."""
@@ -809,22 +868,25 @@ class GapJudge:
             self.markers = sorted(m for m in self.markers + fetched.markers if m[1] > expected)
 
     def __call__(self, first: int, nxt: int) -> bool:
-        """True: fill ``first..nxt-1``; False: not proven, fetch again. Raises
-        :class:`LedgerGap` for a proven gap the reader must stop at."""
+        """True: fill ``first..nxt-1``; False: stop the walk there, either not
+        proven (fetch again) or a proven gap the reader must stop at, then kept
+        in :attr:`gap`."""
         if 0 <= first < self.log_start:
-            raise LedgerGap(
+            self.gap = LedgerGap(
                 f"{self.where}: offsets {first}..{nxt - 1} hold no record and the log now"
                 f" starts at offset {self.log_start}: records were deleted (retention?);"
                 " a ledger must be gap-free"
             )
+            return False
         if self.covered(first, nxt):
             if self.fill and first > 0:
                 return True
-            raise LedgerGap(
+            self.gap = LedgerGap(
                 f"{self.where}: offset {first} is missing (the next record is at offset"
                 f" {nxt}): offsets {first}..{nxt - 1} are transaction markers; a ledger"
                 " must be gap-free (read with gaps=fill to fill them)"
             )
+            return False
         return self.fill and first > 0 and self.judged.get(first, -1) >= nxt
 
     def covered(self, first: int, nxt: int) -> bool:
@@ -859,8 +921,10 @@ def sequence(
     offsets, one by one, with a ``FactRejected`` saying so (at the previous
     ts), so every reader still sees the same gap-free ledger; False (or no
     ``gone``) stops the walk there: the offsets may still become readable
-    (DECISIONS 200). Returns the records, the next expected offset, the last
-    ts, and ``nxt`` when the walk stopped at a skip (else -1).
+    (DECISIONS 200), or the judge proved them gone (its ``gap``). Returns the
+    records, the next expected offset, the last ts, and ``nxt`` when the walk
+    stopped at a skip (else -1). It never raises at a skip: the records before
+    it are always returned (only offsets going back raise).
     """
     records: list[Record] = []
     append = records.append
@@ -903,11 +967,15 @@ def sequence(
     return records, expected, prev_ts, -1
 
 
-def _first_message(batches: list[Iterable[Message]]) -> Message:
-    """The first record of fetched batches. aiokafka's batch readers iterate
-    once: the first batch becomes a list, so the walk still sees all of it."""
-    first = batches[0] = list(batches[0])
-    return first[0]
+def _first_message(batches: list[Iterable[Message]]) -> Message | None:
+    """The first record of fetched batches (None when they hold none). aiokafka's
+    batch readers iterate once: a batch looked into becomes a list, so the walk
+    still sees all of it."""
+    for index, batch in enumerate(batches):
+        messages = batches[index] = list(batch)
+        if messages:
+            return messages[0]
+    return None
 
 
 def _broken(where: str, offset: int, expected: int) -> None:

@@ -189,8 +189,12 @@ async def open_ledger(
 ) -> Ledger:
     """Open the ledger ``url`` names (creating it when ``create``).
 
-    ``read_only`` opens a SQLite file without writing to it, so a ledger on a
-    read-only medium can be read (DESIGN §9); reading a Kafka topic never writes.
+    ``read_only`` opens the ledger without writing to it, so a ledger on a
+    read-only medium can be read (DESIGN §9): a SQLite file through query-only
+    connections; a Kafka topic without creating it or a producer, and its
+    ``snapshots`` file query-only (not at all when missing). Either handle
+    refuses ``append`` and ``save_snapshot`` with a :class:`LedgerError` saying
+    it is read-only.
 
     ``snapshots`` is the local snapshot file of a Kafka ledger (§10); a SQLite
     ledger keeps its snapshots in its own file and refuses the option.
@@ -238,5 +242,6 @@ async def open_ledger(
         snapshots=snapshots,
         opened_at_ms=opened_at_ms,
         gaps=parsed.gaps,
+        read_only=read_only,
         **kwargs,
     )

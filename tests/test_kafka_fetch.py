@@ -68,8 +68,13 @@ def test_control_batches_are_skipped_and_the_position_moves_past_them() -> None:
     assert markers == [(3, 4)]
     stopping = GapJudge("k", False, {})
     stopping.saw(Fetched(batches, 6, markers=markers), 0)
-    with pytest.raises(LedgerGap, match="offset 3 is missing"):
-        sequence("k", batches, 0, 0, 0, stopping)
+    # gaps=stop: the walk hands out the records before the marker and stops there;
+    # the judge holds the LedgerGap the reader raises after them (DESIGN §10)
+    records, expected, _, hole = sequence("k", batches, 0, 0, 0, stopping)
+    assert [r.offset for r in records] == [0, 1, 2] and (expected, hole) == (3, 4)
+    assert isinstance(stopping.gap, LedgerGap)
+    assert "offset 3 is missing (the next record is at offset 4)" in str(stopping.gap)
+    batches, _ = record_batches("k", data, 0)
     filling = GapJudge("k", True, {})
     filling.saw(Fetched(batches, 6, markers=markers), 0)
     batches, _ = record_batches("k", data, 0)
@@ -111,11 +116,24 @@ def test_a_cut_batch_is_left_for_the_next_fetch() -> None:
     assert walk(whole[:10], 0) == ([], 0)
 
 
-def test_a_damaged_batch_is_refused() -> None:
-    data = bytearray(data_batch(0, 3) + data_batch(3, 3))
+def damaged(base: int, count: int) -> bytes:
+    data = bytearray(data_batch(base, count))
     data[-5] ^= 0x01  # one bit of the last record's value
-    with pytest.raises(LedgerError, match="before offset 6 fails its CRC check"):
-        record_batches("k", bytes(data), 0)
+    return bytes(data)
+
+
+def test_a_damaged_batch_is_refused() -> None:
+    """A batch failing its CRC is never read; the batches before it in the same
+    response are, and the next fetch starts at it and meets it first: a reader
+    hands out every record before the damage, then stops naming it."""
+    data = data_batch(0, 3) + damaged(3, 3)
+    assert walk(data, 0) == ([(o, value(o)) for o in range(3)], 3)
+    with pytest.raises(LedgerError, match="the record batch at offset 3 fails its CRC check"):
+        record_batches("k", damaged(3, 3), 3)
+    # a marker before it is no record to hand out first
+    marker = batch_bytes(3, [b"\x00\x00\x00\x00\x00\x00"], control=True)
+    with pytest.raises(LedgerError, match="the record batch at offset 4 fails its CRC check"):
+        record_batches("k", marker + damaged(4, 2), 3)
 
 
 @settings(max_examples=200, deadline=None)
@@ -199,6 +217,35 @@ async def test_a_transaction_marker_in_the_partition_is_a_gap(tansu: Tansu, topi
             await filling.close()
     finally:
         await ledger.close()
+
+
+async def test_a_damaged_batch_after_record_0_stops_reads_not_the_opening(
+    tansu: Tansu, topic: str
+) -> None:
+    """A batch failing its CRC at offset 3, in the first fetch of record 0 (tansu
+    stores what a client sends): the ledger opens, since opening looks at record
+    0 only, and a read hands out records 0..2, then stops with an error naming
+    offset 3, from offset 0 as from offset 1 (DESIGN §9: audit and replay can
+    show the ledger up to the damage)."""
+    writer = await KafkaLedger.open(tansu.bootstrap, topic, opened_at_ms=0)
+    try:
+        assert await writer.append([Append(value(1)), Append(value(2))]) == [1, 2]
+        await publish_raw(tansu.bootstrap, topic, damaged(0, 2))  # offsets 3, 4
+        assert await writer.append([Append(value(5))]) == [5]
+    finally:
+        await writer.close()
+    reader = await KafkaLedger.open(tansu.bootstrap, topic, create=False)
+    try:
+        assert reader.ledger_id == writer.ledger_id
+        for start in (0, 1):
+            seen: list[Record] = []
+            with pytest.raises(LedgerError, match="record batch at offset 3 fails its CRC"):
+                async with asyncio.timeout(60):
+                    async for batch in reader.read(start):
+                        seen.extend(batch)
+            assert [r.offset for r in seen] == list(range(start, 3))
+    finally:
+        await reader.close()
 
 
 async def test_reads_resume_inside_a_batch_with_the_same_ts(

@@ -29,11 +29,14 @@ import pytest
 from quotaledger.adapters import kafka_ledger
 from quotaledger.adapters.kafka_ledger import KafkaLedger, LedgerGap
 from quotaledger.engine.live import LiveEngine, ReadBackError, SimulateExecutor
-from quotaledger.events.ledger import Append, Record
+from quotaledger.events.ledger import Append, LedgerError, Record
+from tests.kafka_batches import batch_bytes, publish_raw
 from tests.kafka_hiding_proxy import HidingProxy, ProxiedTansu, hiding_bytes, hiding_offsets
 from tests.tansu import Tansu
 
 FILLER = b'{"kind":"FactRejected"'
+#: The value of a transaction marker's record (a control batch's: version, commit).
+MARKER = b"\x00\x00\x00\x00\x00\x00"
 
 
 def fact(name: str) -> bytes:
@@ -102,6 +105,20 @@ async def read_all(bootstrap: str, topic: str, **options: object) -> list[Record
         return out
     finally:
         await ledger.close()
+
+
+async def read_to_error(
+    ledger: KafkaLedger, start: int = 0, *, follow: bool = False
+) -> tuple[list[Record], LedgerError | None]:
+    """Every record a read hands out, and the error it stops with (None: the tail)."""
+    out: list[Record] = []
+    try:
+        async with asyncio.timeout(60):
+            async for batch in ledger.read(start, follow=follow):
+                out.extend(batch)
+    except LedgerError as exc:
+        return out, exc
+    return out, None
 
 
 async def until(check: object, timeout: float, what: str) -> None:
@@ -178,8 +195,17 @@ async def test_the_wait_ends_in_a_gap_or_a_logged_fill(
             await writer.append([Append(fact("lost-1")), Append(fact("lost-2"))])  # 4, 5
             await writer.append([Append(fact("after"))])  # 6
             started = time.monotonic()
-            with pytest.raises(LedgerGap, match=r"offset 4 is missing: offsets 4\.\.5 held no"):
-                await read_all(proxied.bootstrap, topic, gap_patience_s=0.5)
+            stopping = await KafkaLedger.open(
+                proxied.bootstrap, topic, create=False, gap_patience_s=0.5
+            )
+            try:
+                records, error = await read_to_error(stopping)
+            finally:
+                await stopping.close()
+            # every record before the hole handed out, then the gap (DESIGN §10)
+            assert [r.offset for r in records] == [0, 1, 2, 3]
+            assert isinstance(error, LedgerGap), error
+            assert "offset 4 is missing: offsets 4..5 held no record" in str(error)
             assert time.monotonic() - started >= 0.5
             caplog.set_level(logging.WARNING, logger="quotaledger.kafka")
             filling = await KafkaLedger.open(
@@ -281,6 +307,105 @@ async def test_an_engine_read_back_satisfied_by_fillers_is_caught(
                     await asyncio.wait_for(running, 10)
             await handle.close()
             await writer.close()
+
+
+async def test_opening_looks_at_record_0_only(proxied: ProxiedTansu, topic: str) -> None:
+    """Opening a handle needs record 0 only (DESIGN §3): offsets 2..3 not readable
+    yet while 4 is (in the first fetch of record 0) do not hold up the opening for
+    the patience; the read waits there, and reads on once they come."""
+    async with proxy_for(proxied) as proxy:
+        writer = await KafkaLedger.open(proxied.bootstrap, topic, opened_at_ms=0)
+        try:
+            await writer.append([Append(fact("a"))])  # 1
+            proxy.hide = hiding_offsets(2, 4)
+            assert await writer.append([Append(fact("b")), Append(fact("c"))]) == [2, 3]
+            assert await writer.append([Append(fact("d"))]) == [4]
+            async with asyncio.timeout(30):  # the patience is an hour
+                reader = await KafkaLedger.open(
+                    proxied.bootstrap, topic, create=False, poll_ms=20, gap_patience_s=3600
+                )
+            # the opening did not even see the skip (it walks record 0 only)
+            assert reader.hole_waits == 0
+            follower = Follower(reader)
+            try:
+                assert reader.ledger_id == writer.ledger_id
+                await follower.until(1)
+                await until(lambda: reader.hole_waits, 30, "a wait at offset 2")
+                assert follower.offset == 1
+                proxy.hide = None
+                await follower.until(4)
+                assert [r.payload for r in follower.records[1:]] == [fact(name) for name in "abcd"]
+            finally:
+                await follower.close()
+        finally:
+            await writer.close()
+
+
+# ------------------------------------------------------------------ proven holes
+
+
+async def test_a_ledger_with_a_proven_hole_opens_and_reads_up_to_it(
+    tansu: Tansu, topic: str
+) -> None:
+    """Transaction markers at offsets 4..5, in the first fetch of record 0 (DESIGN
+    §10): the ledger opens (opening looks at record 0 only), so ``replay`` and
+    ``audit`` can show it; a gaps=stop read hands out records 0..3 and then stops
+    with LedgerGap naming offsets 4 and 6, from offset 0 or 2; a gaps=fill read
+    fills 4..5 at once and reads on (DECISIONS 78, 200)."""
+    writer = await KafkaLedger.open(tansu.bootstrap, topic, opened_at_ms=0)
+    try:
+        assert await writer.append([Append(fact(f"a{i}")) for i in range(1, 4)]) == [1, 2, 3]
+        await publish_raw(tansu.bootstrap, topic, batch_bytes(0, [MARKER] * 2, control=True))
+        assert await writer.append([Append(fact("after"))]) == [6]
+    finally:
+        await writer.close()
+    stopping = await KafkaLedger.open(tansu.bootstrap, topic, create=False)
+    try:
+        assert stopping.ledger_id == writer.ledger_id
+        for start in (0, 2):
+            records, error = await read_to_error(stopping, start)
+            assert [r.offset for r in records] == list(range(start, 4))
+            assert [r.payload for r in records if r.offset >= 1] == [
+                fact(f"a{i}") for i in range(max(start, 1), 4)
+            ]
+            assert isinstance(error, LedgerGap), error
+            assert "offset 4 is missing (the next record is at offset 6)" in str(error)
+            assert "offsets 4..5 are transaction markers" in str(error)
+    finally:
+        await stopping.close()
+    filled = await read_all(tansu.bootstrap, topic, gaps="fill")
+    assert [r.offset for r in filled] == list(range(7))
+    assert [r.offset for r in filled if r.payload.startswith(FILLER)] == [4, 5]
+    assert filled[6].payload == fact("after")
+
+
+async def test_every_record_before_a_proven_hole_is_handed_out(tansu: Tansu, topic: str) -> None:
+    """1,000 records in one batch, transaction markers after them, one record
+    after those: a read whose fetch holds all of it hands out records 0..1000
+    before it stops with LedgerGap naming offset 1001 (the walk dropped the
+    whole fetch), without and with follow (DESIGN §10: the ledger up to the gap,
+    then a clear error naming the offset)."""
+    writer = await KafkaLedger.open(tansu.bootstrap, topic, opened_at_ms=0)
+    payloads = [fact(f"n{i}-" + "x" * 200) for i in range(1000)]
+    try:
+        assert await writer.append([Append(p) for p in payloads]) == list(range(1, 1001))
+        await publish_raw(tansu.bootstrap, topic, batch_bytes(0, [MARKER] * 3, control=True))
+        assert await writer.append([Append(fact("after"))]) == [1004]
+    finally:
+        await writer.close()
+    reader = await KafkaLedger.open(tansu.bootstrap, topic, create=False, poll_ms=20)
+    try:
+        for follow in (False, True):
+            records, error = await read_to_error(reader, follow=follow)
+            assert [r.offset for r in records] == list(range(1001)), (follow, len(records))
+            assert [r.payload for r in records[1:]] == payloads
+            assert isinstance(error, LedgerGap), error
+            assert "offset 1001 is missing (the next record is at offset 1004)" in str(error)
+        records, error = await read_to_error(reader, 990)
+        assert [r.offset for r in records] == list(range(990, 1001))
+        assert isinstance(error, LedgerGap), error
+    finally:
+        await reader.close()
 
 
 # ------------------------------------------------------------------ concurrent producers

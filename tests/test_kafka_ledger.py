@@ -70,9 +70,13 @@ class Msg(NamedTuple):
 def sequence(
     where: str, messages: list[tuple[int, bytes | None, int]], *args: Any
 ) -> tuple[list[Record], int, int]:
-    """The walk of one batch of ``messages``; a skip it stops at is returned as
-    ``LedgerGap`` (raised), as a reader that has given up on it would."""
+    """The walk of one batch of ``messages``; a skip it stops at is raised as
+    ``LedgerGap`` (the judge's, when it proved the gap), as a reader that has
+    handed out the records before it and given up on it would."""
     records, nxt, ts, hole = sequence_messages(where, [[Msg(*m) for m in messages]], *args)
+    judge = next((a for a in args if isinstance(a, GapJudge)), None)
+    if judge is not None and judge.gap is not None:
+        raise judge.gap
     if hole >= 0:
         raise LedgerGap(f"offset {nxt} is missing (next record at {hole})")
     return records, nxt, ts
@@ -136,18 +140,23 @@ def test_a_proven_gap_needs_no_wait() -> None:
     for fill in (False, True):
         judge = GapJudge("k", fill, {})
         judge.log_start = 9
-        with pytest.raises(LedgerGap, match="the log now starts at offset 9"):
-            judge(4, 10)
+        # a proven gap stops the walk; the judge keeps the error for the reader to
+        # raise once it has handed out the records before it (DESIGN §10)
+        assert not judge(4, 10)
+        assert isinstance(judge.gap, LedgerGap)
+        assert "offsets 4..9 hold no record and the log now starts at offset 9" in str(judge.gap)
         judge = GapJudge("k", fill, {})
         judge.markers = [(3, 4), (4, 6)]
         assert judge.covered(3, 6) and judge.covered(4, 5)
         assert not judge.covered(2, 6) and not judge.covered(3, 7)
         if fill:
             assert judge(3, 6) and not judge(3, 7)
+            assert judge.gap is None
         else:
-            with pytest.raises(LedgerGap, match=r"3\.\.5 are transaction markers"):
-                judge(3, 6)
-            assert not judge(3, 7)
+            assert not judge(3, 7) and judge.gap is None  # not covered: not proven
+            assert not judge(3, 6)
+            assert isinstance(judge.gap, LedgerGap)
+            assert "offsets 3..5 are transaction markers" in str(judge.gap)
 
 
 def test_ts_prefers_at_then_the_record_timestamp() -> None:
@@ -340,3 +349,100 @@ def test_engine_stops_when_a_memory_broker_restarts(topic: str) -> None:
         assert "Traceback" not in err
     finally:
         broker.close()
+
+
+# ------------------------------------------------------------------ read-only
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
+
+
+async def _topics(tansu: Tansu) -> list[str]:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=tansu.bootstrap)
+    await admin.start()
+    try:
+        return list(await admin.list_topics())
+    finally:
+        await admin.close()
+
+
+async def test_read_only_writes_nothing_anywhere(tansu: Tansu, topic: str, tmp_path: Path) -> None:
+    """``open_ledger(kafka_url, read_only=True)`` (the read-only commands, DESIGN §9)
+    creates no topic, refuses appends and snapshot saves with a clear error, reads
+    an existing ``--snapshots`` file without changing a byte of it, and creates none
+    when it is missing."""
+    from quotaledger.events.ledger import Snapshot
+
+    url = tansu.url(topic)
+    for create in (False, True):
+        with pytest.raises(LedgerError, match="no such topic"):
+            await open_ledger(url, create=create, read_only=True)
+    assert topic not in await _topics(tansu)
+
+    snaps = tmp_path / "snaps" / "snapshots.db"
+    snaps.parent.mkdir()
+    writer = await open_ledger(url, create=True, snapshots=str(snaps), opened_at_ms=0)
+    try:
+        await writer.append([Append(b'{"kind":"NodeRemoved","name":"a"}', ts=5)] * 3)
+        await writer.save_snapshot(Snapshot(offset=2, blob=b"two"))
+    finally:
+        await writer.close()
+    before = _files(snaps.parent)
+    reader = await open_ledger(url, create=True, read_only=True, snapshots=str(snaps))
+    try:
+        assert reader.ledger_id == writer.ledger_id
+        assert await reader.load_snapshot() == Snapshot(offset=2, blob=b"two")
+        with pytest.raises(LedgerError, match=r"is open read-only: cannot append to it"):
+            await reader.append([Append(b'{"kind":"NodeRemoved","name":"b"}')])
+        with pytest.raises(LedgerError, match=r"is open read-only: cannot save a snapshot"):
+            await reader.save_snapshot(Snapshot(offset=3, blob=b"three"))
+        assert [r.offset for r in await _read(reader)] == [0, 1, 2, 3]
+    finally:
+        await reader.close()
+    after = _files(snaps.parent)
+    assert after["snapshots.db"] == before["snapshots.db"]
+    # SQLite's read-only mode may add the WAL index (-shm) and an empty -wal beside
+    # it, as for a SQLite ledger read read-only; never data
+    assert set(after) - set(before) <= {"snapshots.db-shm", "snapshots.db-wal"}
+    assert after.get("snapshots.db-wal", b"") == before.get("snapshots.db-wal", b"")
+    again = await open_ledger(url, create=False, snapshots=str(snaps))
+    try:
+        assert await again.last_offset() == 3
+        assert await again.load_snapshot() == Snapshot(offset=2, blob=b"two")
+    finally:
+        await again.close()
+
+    missing = tmp_path / "none" / "snapshots.db"
+    missing.parent.mkdir()
+    reader = await open_ledger(url, create=False, read_only=True, snapshots=str(missing))
+    try:
+        assert await reader.load_snapshot() is None
+        with pytest.raises(LedgerError, match="read-only"):
+            await reader.save_snapshot(Snapshot(offset=3, blob=b"three"))
+    finally:
+        await reader.close()
+    assert list(missing.parent.iterdir()) == []
+    # a file no snapshot was saved to yet holds none; a file that is not SQLite is named
+    empty = tmp_path / "none" / "empty.db"
+    empty.touch()
+    reader = await open_ledger(url, create=False, read_only=True, snapshots=str(empty))
+    try:
+        assert await reader.load_snapshot() is None
+    finally:
+        await reader.close()
+    assert empty.read_bytes() == b""
+    junk = tmp_path / "none" / "junk.db"
+    junk.write_bytes(b"not a database, " * 100)
+    with pytest.raises(LedgerError, match=f"--snapshots {junk}: not a snapshot file"):
+        await open_ledger(url, create=False, read_only=True, snapshots=str(junk))
+    assert junk.read_bytes() == b"not a database, " * 100
+
+
+async def _read(ledger: Any) -> list[Record]:
+    out: list[Record] = []
+    async for batch in ledger.read(0):
+        out.extend(batch)
+    return out

@@ -124,11 +124,9 @@ class TestSqliteLedger(LedgerContract):
 
 
 class TestKafkaLedger(LedgerContract):
-    read_only_note = (
-        "read-only is the broker's on Kafka: the ACLs of the credentials in the URL"
-        " (DESIGN §10); open_ledger(read_only=True) creates nothing and a read never"
-        " writes, but the client has no mode refusing appends of its own"
-    )
+    # open_ledger(read_only=True): no producer, no topic created, the --snapshots
+    # file read query-only (what the credentials may write is the broker's ACLs')
+    read_only_refuses_writes = True
     read_stops_at_gaps = True  # a proven hole stops the read (DESIGN §10, DECISIONS 200)
 
     @pytest.fixture(autouse=True)
