@@ -1013,8 +1013,9 @@ def _insert_snapshot(
             " VALUES (?, ?, ?, ?, ?, ?)",
             (*values, token),
         )
-        for (old,) in replaced:
-            if old != token:
+        for (value,) in replaced:
+            old = _text_or_none(value)
+            if old is not None and old != token:
                 conn.execute("DELETE FROM snapshot_parts WHERE token = ?", (old,))
         conn.execute(
             "DELETE FROM snapshot_parts WHERE offset < ? AND token NOT IN"
