@@ -53,6 +53,7 @@ from quotaledger.projections import Projection, state_hash
 from quotaledger.projections.snapshot import copy_persisted, dump, dump_pieces
 
 from .scenarios import engine_facts, engine_run
+from .test_persisted_state import LITERAL
 
 ENGINE = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -75,21 +76,31 @@ def pieces_of(projection: Projection, rest: list[Record], entries: int, run: int
 # ------------------------------------------------------------------ the copy and the pieces
 
 
+def check_copies_at_every_offset(records: list[Record], entries: int, run: int) -> None:
+    """A copy taken after each record, encoded once the whole history is folded
+    into the same state, is the dump of the state at its offset."""
+    projection = Projection()
+    copies = []
+    for record in records:
+        projection.apply_record(record)
+        copies.append((copy_persisted(projection.state), dump(projection.state)))
+    for copy, expected in copies:
+        assert b"".join(dump_pieces(copy, entries=entries, run=run)) == expected
+
+
+@pytest.mark.parametrize("name", sorted(LITERAL))
+def test_literal_histories_copies_at_every_offset(name: str) -> None:
+    check_copies_at_every_offset(engine_run(LITERAL[name]).records, entries=2, run=3)
+
+
 @ENGINE
-@given(engine_facts(), st.data())
+@given(engine_facts(), st.integers(min_value=1, max_value=4), st.integers(min_value=1, max_value=5))
 def test_a_copy_encoded_after_more_folds_is_the_dump_at_its_offset(
-    facts: list[tuple[int, Event]], data: st.DataObject
+    facts: list[tuple[int, Event]], entries: int, run: int
 ) -> None:
     """Engine histories hold preemptions whose lists grow, evictions whose
     outcome is set, settings changed in place, pods and quotas replaced."""
-    records = engine_run(facts).records
-    cut = data.draw(st.integers(min_value=0, max_value=len(records) - 1))
-    entries = data.draw(st.integers(min_value=1, max_value=4))
-    run = data.draw(st.integers(min_value=1, max_value=5))
-    projection = replay(records[: cut + 1])
-    expected = dump(projection.state)
-    assert pieces_of(projection, records[cut + 1 :], entries, run) == expected
-    assert projection.state.offset == records[-1].offset
+    check_copies_at_every_offset(engine_run(facts).records, entries, run)
 
 
 def _pod(uid: str, cpu: int, phase: str = "Running") -> PodUpserted:
