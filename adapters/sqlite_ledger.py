@@ -5,12 +5,18 @@ Layout of the file (readable with the ``sqlite3`` shell for ad-hoc audit)::
     meta      (key TEXT PRIMARY KEY, value TEXT)      format, schema_version, ledger_id
     records   (offset INTEGER PRIMARY KEY, ts INTEGER NOT NULL, payload BLOB NOT NULL)
     snapshots (offset INTEGER PRIMARY KEY, blob BLOB NOT NULL, digest TEXT, state_hash TEXT,
-               checksum TEXT)
+               checksum TEXT, parts TEXT)
+    snapshot_parts (token TEXT, part INTEGER, offset INTEGER, data BLOB,
+                    PRIMARY KEY (token, part))
 
 ``snapshots.digest``/``state_hash``/``checksum`` (DESIGN §9: a snapshot stores offset, digest
 and state hash) were added after schema version 1 shipped without them; they
 are nullable, added to an older file when it first saves a snapshot, and a
 snapshot without them loads with ``None`` (unverifiable: readers do not use it).
+A blob longer than :data:`SNAPSHOT_PART_BYTES` is stored in ``snapshot_parts``
+(its row's ``blob`` empty, ``parts`` naming the parts' token; the column and the
+table are added by the first such snapshot); the blob is its parts' ``data``
+concatenated in ``part`` order (DECISIONS 241).
 
 The read-only commands open with ``read_only=True``: a query-only connection,
 read-write where the file and its directory are writable (as before), else
@@ -38,8 +44,8 @@ file and across crashes (``kill -9``) of any of them:
   is in the OS page cache); an OS crash or power loss may lose the last commits
   but never leaves a gap or a torn record.
 
-Threading model: all writes (the group commit, snapshots, opening and closing)
-run on one dedicated writer thread with its own connection, because
+Threading model: all appends (the group commit, opening and closing) run on
+one dedicated writer thread with its own connection, because
 ``BEGIN IMMEDIATE`` may wait up to ``busy_timeout_ms`` for another process. That
 wait is a retry loop with short jittered sleeps (0.1-2 ms) rather than SQLite's
 own busy handler, whose sleeps grow to 100 ms and let a busy process starve
@@ -47,7 +53,10 @@ another one.
 Concurrent :meth:`~SqliteLedger.append` calls queue their batches; a writer task
 drains everything queued, commits it in **one** transaction on that thread and
 then resolves every caller (group commit; :attr:`~SqliteLedger.commit_count`
-counts the transactions). Reads (:meth:`~SqliteLedger.read`,
+counts the transactions). Snapshots are written on a thread and connection of
+their own, in parts that give way to this object's appends
+(:meth:`~SqliteLedger.save_snapshot`), so an append never waits for a snapshot
+to be written. Reads (:meth:`~SqliteLedger.read`,
 :meth:`~SqliteLedger.last_offset`, :meth:`~SqliteLedger.load_snapshot`) are short
 blocking calls on the event loop through a second, query-only connection: WAL
 readers never wait for writers, and one batch of 1000 rows takes well under a
