@@ -158,10 +158,7 @@ def dump_pieces(
     for index, item in enumerate(_ORDERED):
         yield _SEPARATORS[index]
         value = copy.values[item.name]
-        if item.name in _STORED_ENTRIES:
-            stored_part: Callable[[Any], Any] = _sorted_entries
-        else:
-            stored_part = item.stored
+        stored_part = _tree_stored(item) if item.name in _TREES else item.stored
         if isinstance(value, dict | set) and len(value) > entries:
             yield from _keyed_pieces(value, stored_part, entries, run)
         elif isinstance(value, list) and len(value) > entries:
@@ -208,8 +205,22 @@ def _listed_pieces(
     yield b"]"
 
 
-def _sorted_entries(value: dict[str, Any]) -> dict[str, Any]:
-    return {key: value[key] for key in sorted(value)}
+class _Configured:
+    """What the tree's stored form reads of a quota: its configuration."""
+
+    __slots__ = ("config",)
+
+    def __init__(self, config: QuotaUpserted) -> None:
+        self.config = config
+
+
+def _tree_stored(item: PersistedField) -> Callable[[dict[str, QuotaUpserted]], Any]:
+    """The stored form of part of the tree, from the configurations the copy holds."""
+
+    def stored_part(configs: dict[str, QuotaUpserted]) -> Any:
+        return item.stored({name: _Configured(config) for name, config in configs.items()})
+
+    return stored_part
 
 
 def _shared(hint: Any) -> bool:
@@ -266,8 +277,8 @@ def _layout() -> tuple[tuple[bytes, bytes], list[bytes], list[PersistedField]]:
 _COPIERS: dict[str, Callable[[Any], Any]] = {
     item.name: _copier(typing.get_type_hints(ProjectedState)[item.name]) for item in FIELDS
 }
-#: Fields whose copy holds their stored entries already (the tree: configurations).
-_STORED_ENTRIES = frozenset(
+#: Fields whose copy holds each quota's configuration (the tree).
+_TREES = frozenset(
     item.name
     for item in FIELDS
     if typing.get_type_hints(ProjectedState)[item.name] == dict[str, QuotaNode]
