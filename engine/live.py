@@ -121,6 +121,9 @@ class LiveEngine:
     _reconciling: bool = False  # the reconciler task runs
     _at_rest: bool = False  # ... and waits for a wake or its next deadline
     _rested: asyncio.Event = field(init=False)
+    #: How long taking a checkpoint blocks the loop (the last one's length; it
+    #: is mostly the state hash), so one is not started just before a deadline.
+    _checkpoint_s: float = 0.05
     observe_every_ms: int = 1000
     _observed_at: int = 0
 
@@ -285,7 +288,8 @@ class LiveEngine:
         When the follower has folded ``digest_every`` records since the last
         ``LedgerDigest`` (``snapshot_every`` since the last snapshot), this task
         waits until the reconciler has looked at the state (fired what is due,
-        started the evictions to drive), then takes the checkpoint of the state
+        started the evictions to drive) and no timer falls due while the
+        checkpoint would block the loop, then takes the checkpoint of the state
         as it is then: ``through`` is that offset. A snapshot is then encoded
         and written by a task of its own while the engine goes on (one at a
         time: one falling due meanwhile waits for it to end).
@@ -294,6 +298,7 @@ class LiveEngine:
             await self._checkpoint_due.wait()
             self._checkpoint_due.clear()
             await self._after_reconciler()
+            await self._clear_of_deadlines()
             offset = self.state.offset
             snapshot = (
                 offset - self._snapshot_through >= self.snapshot_every
@@ -301,7 +306,9 @@ class LiveEngine:
             )
             if not snapshot and offset - self._digest_through < self.digest_every:
                 continue
+            began = time.perf_counter()
             taken = self._take_checkpoint(snapshot=snapshot)
+            self._checkpoint_s = time.perf_counter() - began
             if taken.copy is not None:
                 self._snapshot_task = group.create_task(self._snapshot_in_background(taken))
             await self._append_digest(taken)
@@ -318,6 +325,25 @@ class LiveEngine:
                     await self._rested.wait()
             if loop.time() >= until:
                 return
+
+    async def _clear_of_deadlines(self, wait_s: float = 1.0) -> None:
+        """Until no timer falls due while a checkpoint would block the loop (as
+        long as the last one did, plus a margin): a timer due within that time
+        is fired first (at most ``wait_s``; at once for an engine that does not
+        decide)."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + wait_s
+        while self._reconciling and self.is_leader() and loop.time() < until:
+            deadline = self.core.next_deadline()
+            if deadline is None:
+                return
+            ahead_s = (deadline - self.clock_ms()) / 1000
+            if ahead_s > 1.5 * self._checkpoint_s + 0.005:
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(until):
+                    await asyncio.sleep(max(0.0, ahead_s) + 0.001)
+                    await self._after_reconciler()
 
     async def checkpoint(self, *, snapshot: bool) -> None:
         """DESIGN §9: append ``LedgerDigest{through, digest, state_hash}`` for the
