@@ -248,6 +248,9 @@ class LiveEngine:
         if not await self.restore(stop):
             return
         self._digest_through = self._snapshot_through = self.state.offset
+        # At start-up, not at the first checkpoint: the state hash's first
+        # computation builds what later ones update (DECISIONS 234, 242).
+        state_hash(self.state)
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._follow())
