@@ -360,6 +360,8 @@ def main(args: argparse.Namespace) -> int:
     report.update(_simulate_throughput(args))
     report["target_p99_ms"] = 50
     report["p99_met"] = report["p99_ms"] <= 50
+    report["target_follow_events_per_s"] = 50_000
+    report["follow_met"] = report["follow_events_per_s"] >= 50_000
     if args.json:
         print(json.dumps(report))
     else:
