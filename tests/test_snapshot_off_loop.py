@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -36,6 +37,7 @@ from hypothesis import strategies as st
 
 from quotaledger.adapters.cli import main as cli_main
 from quotaledger.adapters.sqlite_ledger import SqliteLedger
+from quotaledger.engine import live
 from quotaledger.engine.live import LiveEngine, SimulateExecutor
 from quotaledger.engine.restore import restore, verify_snapshot
 from quotaledger.events.codec import decode_event, encode_event
@@ -44,6 +46,7 @@ from quotaledger.events.model import (
     Event,
     LedgerDigest,
     NodeUpserted,
+    PodPhase,
     PodRemoved,
     PodUpserted,
     QuotaUpserted,
@@ -103,11 +106,11 @@ def test_a_copy_encoded_after_more_folds_is_the_dump_at_its_offset(
     check_copies_at_every_offset(engine_run(facts).records, entries, run)
 
 
-def _pod(uid: str, cpu: int, phase: str = "Running") -> PodUpserted:
+def _pod(uid: str, cpu: int, phase: PodPhase = "Running") -> PodUpserted:
     node = "n0" if phase == "Running" else None
     return PodUpserted(
         uid=uid, name="p", namespace="team", requests={"cpu": cpu}, phase=phase, node=node
-    )  # type: ignore[arg-type]
+    )
 
 
 keys = st.text(min_size=1, max_size=6).filter(lambda text: "\x00" not in text)
@@ -487,6 +490,55 @@ async def test_the_engine_decides_and_evicts_while_its_snapshot_is_being_written
     assert snapshot is not None
     assert snapshot.blob == dump(replay(_all_records(ledger)[: offset + 1]).state)
     await ledger.close()
+
+
+async def test_a_checkpoint_waits_for_a_timer_due_while_it_would_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A state hash that blocks the loop for 0.4 s: a quota decrease whose
+    deadline falls within that time is decided first, and the checkpoint due
+    at the same moment is taken after the decision (ordering, not timings)."""
+    real = state_hash
+
+    def slow_hash(state: Any) -> str:
+        time.sleep(0.4)
+        return real(state)
+
+    ledger = await SqliteLedger.open(tmp_path / "l.db", poll_interval=0.002)
+    await _append_events(ledger, SETUP)
+    await _append_events(ledger, [_pod(f"pod-{i}", 2) for i in range(10)])
+    engine = LiveEngine(ledger, SimulateExecutor(), instance="e1", digest_every=5, idle_poll_s=0.01)
+    stop, task = await _running(engine)
+    monkeypatch.setattr(live, "state_hash", slow_hash)
+    try:
+        fillers: list[Event] = [_pod(f"f-{i}", 1, "Pending") for i in range(6)]
+        await _append_events(ledger, fillers)  # a first checkpoint: 0.4 s learned
+        async with asyncio.timeout(30):
+            while not _digests(ledger):
+                await asyncio.sleep(0.01)
+        lowered = QuotaUpserted(name="team", min={"cpu": 2}, max={"cpu": 6}, preemption_delay_s=0.3)
+        trigger, *_ = await _append_events(ledger, [lowered, *fillers])
+        async with asyncio.timeout(30):
+            while not [d for d in _digests(ledger) if d.through >= trigger]:
+                await asyncio.sleep(0.01)
+    finally:
+        stop.set()
+        await task
+    records = _all_records(ledger)
+    started = next(r.offset for r in records[trigger:] if b'"PreemptionStarted"' in r.payload[:40])
+    first = next(d for d in _digests(ledger) if d.through >= trigger)
+    assert first.through > started  # taken once the decision was folded
+    await ledger.close()
+
+
+def _digests(ledger: SqliteLedger) -> list[LedgerDigest]:
+    out = []
+    for record in _all_records(ledger):
+        if b'"LedgerDigest"' in record.payload[:40]:
+            event = decode_event(record.payload)
+            assert isinstance(event, LedgerDigest)
+            out.append(event)
+    return out
 
 
 # ------------------------------------------------------------------ SIGTERM mid-write
