@@ -518,16 +518,29 @@ def update(state: ProjectedState, memo: StateDigest) -> None:
     maps = memo.maps
     entries = maps["pods"]
     pods, pod_quota = state.pods.get, state.pod_quota.get
-    for uid in state.hash_pods:
+    keys_of, digests_of, dirty = entries.keys, entries.digests, entries.dirty
+    encode = _ENCODE
+    for uid in state.hash_pods:  # MapDigest.put and pod_digest, inlined (the hot loop)
         pod = pods(uid)
         if pod is None:
             entries.remove(uid)
             continue
-        encoded = _ENCODE(pod)
+        encoded = encode(pod)
         quota = pod_quota(uid)
         if quota is not None:
             encoded += b"\0" + quota.encode()
-        entries.put(uid, sha256(encoded).digest())
+        digest = sha256(encoded).digest()
+        bucket = crc32(uid.encode()) & _MASK
+        keys = keys_of[bucket]
+        digests = digests_of[bucket]
+        if keys is not None and digests is not None:
+            at = bisect_left(keys, uid)
+            if at < len(keys) and keys[at] == uid:
+                if digests[at] != digest:
+                    digests[at] = digest
+                    dirty.add(bucket)
+                continue
+        entries.put(uid, digest)
     entries = maps["nodes"]
     for name in state.hash_nodes:
         allocatable = state.nodes.get(name)
