@@ -290,6 +290,14 @@ class ProjectedState:
     cluster_total: RL = field(default_factory=dict)
     root_subtree: RL = field(default_factory=dict)
     root_usage: RL = field(default_factory=dict)
+    # the incremental state hash (:mod:`.state_digest`): the entries of the
+    # large maps changed since it last looked (one insertion per change, by
+    # the fold and the tree), and the digests it keeps
+    hash_pods: set[str] = field(default_factory=set)
+    hash_quotas: set[str] = field(default_factory=set)
+    hash_nodes: set[str] = field(default_factory=set)
+    hash_weights: set[str] = field(default_factory=set)
+    hash_memo: object = None
 
     @classmethod
     def empty(cls) -> ProjectedState:

@@ -44,6 +44,13 @@ FIGURES = (
     "audit_1m_jobs2_s",
     "audit_jobs2_vs_1",
     "fold_vs_msgspec",
+    "state_hash_ms",
+    "state_hash_incremental_us",
+    "digest_settle_ms",
+    "state_hash_bytes_per_pod",
+    "bytes_per_pod_hashed",
+    "tail_state_hash_ms",
+    "tail_snapshot_dump_ms",
 )
 
 
