@@ -1,4 +1,4 @@
-"""``serve`` on a cluster (DESIGN §11, §12; issue #10): replicas of ``quotaledger serve
+"""``serve`` on a cluster (DESIGN §11, §12; DECISIONS 130): replicas of ``quotaledger serve
 --kubeconfig`` as real processes on one SQLite ledger and the stand-in API server. Only
 the Lease holder runs the engine and the watcher; every replica serves fresh reads."""
 
@@ -188,7 +188,7 @@ async def test_serve_on_a_cluster_uses_exactly_the_shipped_rbac(tmp_path: Path) 
 
 def test_the_deployment_args_are_a_serve_on_the_cluster() -> None:
     """deploy/kubernetes runs ``serve ... --in-cluster``: the real parser takes it, and it
-    is a ``serve`` with the cluster options (before #10 ``serve`` refused --in-cluster)."""
+    is a ``serve`` with the cluster options (``serve`` once refused --in-cluster; DECISIONS 130)."""
     deployment = next(yaml.safe_load_all((DEPLOY / "single" / "quotaledger.yaml").read_text()))
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     args = build_parser().parse_args(container["args"])

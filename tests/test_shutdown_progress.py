@@ -1,4 +1,4 @@
-"""Shutdown and progress of long work (DESIGN §9; issue #7 point 3, 4).
+"""Shutdown and progress of long work (DESIGN §9; DECISIONS 52, 53).
 
 A ledger of half a million records is built once (SqliteLedger,
 batches of 1000). Each long command runs as a subprocess with stderr not a
