@@ -38,7 +38,7 @@ from typing import Any
 
 from quotaledger.events.ledger import Append, Ledger
 
-from .serve_cli import ServeError, base_url, parse_listen, run_server
+from .http.command import ServeError, base_url, parse_listen, run_server
 
 log = logging.getLogger("quotaledger.demo")
 
@@ -198,9 +198,9 @@ class DemoOptions:
 
 async def open_demo_ledger(options: DemoOptions, directory: Path, clock: DemoClock) -> Ledger:
     """A new SQLite ledger on the demo clock, or the Kafka URL (through
-    :func:`quotaledger.adapters.http_api.open_ledger_url`, the one hook for the
+    :func:`quotaledger.adapters.http.server.open_ledger_url`, the one hook for the
     Kafka backend)."""
-    from .http_api import open_ledger_url
+    from .http.server import open_ledger_url
     from .sqlite_ledger import SqliteLedger
 
     if options.kafka is not None:
@@ -217,7 +217,7 @@ async def run_demo(
 ) -> dict[str, int]:
     """Run the demo until ``--duration``, SIGTERM/SIGINT or ``stop``; return the
     decisions by kind that the ledger holds at the end."""
-    from .http_api import ServeOptions, Server
+    from .http.server import ServeOptions, Server
 
     out = out or sys.stdout
     stop = stop or asyncio.Event()

@@ -3,7 +3,7 @@ out to the connected clients, and its server-sent-event encoding.
 
 A client whose queue holds more than ``STREAM_BACKLOG`` records (it reads slower
 than the ledger grows) is cut off: its queue gets the end mark and it is dropped;
-it may reconnect with ``Last-Event-ID`` to resume (:mod:`.http_api`).
+it may reconnect with ``Last-Event-ID`` to resume (:mod:`.server`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The ``serve`` command's arguments and entry point (DESIGN §11).
 
-Kept apart from :mod:`.http_api` so that building the CLI parser does not
+Kept apart from :mod:`.server` so that building the CLI parser does not
 import aiohttp and prometheus-client for every other command.
 """
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from quotaledger.events.ledger import LedgerError
 
 if TYPE_CHECKING:
-    from .http_api import Server
+    from .server import Server
 
 
 class ServeError(LedgerError):
@@ -144,15 +144,15 @@ def add_serve_parser(commands: Any) -> None:
     parser.add_argument(
         "--snapshots", metavar="PATH", help="local snapshot file of a Kafka ledger (DESIGN §10)"
     )
-    from .kubernetes.options import add_arguments as add_cluster_arguments
+    from ..kubernetes.options import add_arguments as add_cluster_arguments
 
     add_cluster_arguments(parser)
     parser.set_defaults(handler=cmd_serve)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .http_api import ServeOptions, serve
-    from .kubernetes.options import check_arguments, on_cluster
+    from ..kubernetes.options import check_arguments, on_cluster
+    from .server import ServeOptions, serve
 
     problem = check_arguments(args)
     if problem is not None:

@@ -5,7 +5,7 @@ follower) and the aiohttp server; SIGTERM/SIGINT set ``stop``, the server stops
 listening, open streams end, and the engine drains, within 2 s (DESIGN §9).
 
 State reads never race the fold: a reader takes the fold gate
-(:mod:`.fold_gate`), settles the state on the loop (incremental, cheap), and
+(:mod:`.gate`), settles the state on the loop (incremental, cheap), and
 does the heavy part — the state JSON, the metrics text, a what-if fork, an
 audit — in a worker thread, so the event loop keeps serving meanwhile. A read
 that holds the gate pauses the fold, not the server.
@@ -46,10 +46,10 @@ from quotaledger.projections.available import reported_available
 from quotaledger.projections.snapshot import dump, load
 from quotaledger.projections.view import quota_view
 
-from .feed import Feed, sse_event
-from .fold_gate import GatedLedger
-from .jsonl import epoch_ms
+from ..jsonl import epoch_ms
+from .gate import GatedLedger
 from .metrics import FoldStatistics, LedgerPosition, StateCollector
+from .stream import Feed, sse_event
 
 log = logging.getLogger("quotaledger.serve")
 
@@ -204,9 +204,9 @@ class Server:
     async def _on_cluster(self, stop: asyncio.Event) -> None:
         """DESIGN §12: the engine (and watcher) of this replica while it holds the
         Lease; between terms it follows the ledger, so its reads stay fresh."""
-        from .kubernetes.client import ClusterConfigError
-        from .kubernetes.cluster import run_on_cluster
-        from .serve_cli import ServeError
+        from ..kubernetes.client import ClusterConfigError
+        from ..kubernetes.cluster import run_on_cluster
+        from .command import ServeError
 
         try:
             await run_on_cluster(
@@ -684,7 +684,7 @@ def _page_response(name: str) -> web.Response:
     suffix = os.path.splitext(name)[1]
     if "/" in name or name.startswith(".") or suffix not in _PAGE_TYPES:
         raise ApiError(404, f"no page file {name!r}", "file")
-    item = resources.files("quotaledger.adapters").joinpath("page", name)
+    item = resources.files("quotaledger.adapters.http").joinpath("page", name)
     if not item.is_file():
         raise ApiError(404, f"no page file {name!r}", "file")
     return web.Response(body=item.read_bytes(), content_type=_PAGE_TYPES[suffix], charset="utf-8")
@@ -884,7 +884,7 @@ async def open_ledger_url(
             text, create=not read_only, snapshots=snapshots, read_only=read_only
         )
         return ledger
-    from .sqlite_ledger import SqliteLedger
+    from ..sqlite_ledger import SqliteLedger
 
     if text.startswith("kafka://"):
         raise LedgerError(f"{text}: the Kafka ledger is not available in this build")
