@@ -217,7 +217,8 @@ async def run_demo(
 ) -> dict[str, int]:
     """Run the demo until ``--duration``, SIGTERM/SIGINT or ``stop``; return the
     decisions by kind that the ledger holds at the end."""
-    from .http.server import ServeOptions, Server
+    from .http.options import ServeOptions
+    from .http.server import Server
 
     out = out or sys.stdout
     stop = stop or asyncio.Event()

@@ -24,7 +24,8 @@ import aiohttp
 from quotaledger.adapters.workload import generate
 from quotaledger.events.ledger import Append
 
-from .http.server import ServeOptions, Server
+from .http.options import ServeOptions
+from .http.server import Server
 from .sqlite_ledger import SqliteLedger
 
 

@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from quotaledger.adapters.cli import build_parser
-from quotaledger.adapters.http.server import ServeOptions, serve
+from quotaledger.adapters.http.options import ServeOptions
+from quotaledger.adapters.http.server import serve
 from quotaledger.adapters.kubernetes.options import check_arguments, on_cluster
 from quotaledger.events.codec import decode_event, peek_kind
 from quotaledger.events.model import LeaderElected, PodUpserted

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quotaledger.adapters.http.server import MAX_EVENTS_BYTES
+from quotaledger.adapters.http.requests import MAX_EVENTS_BYTES
 from quotaledger.engine.fold_loop import Until, fold
 from quotaledger.events.codec import encode_event
 from quotaledger.events.ledger import Append
@@ -400,10 +400,10 @@ _LINES = {
 
 @given(st.lists(st.sampled_from(sorted(_LINES)), max_size=30))
 def test_parse_facts_names_every_bad_line(kinds: list[str]) -> None:
-    from quotaledger.adapters.http.server import _parse_facts
+    from quotaledger.adapters.http.requests import parse_facts
 
     body = b"\n".join(_LINES[kind] for kind in kinds)
-    appends, problems, decisions = _parse_facts(body)
+    appends, problems, decisions = parse_facts(body)
     numbered = list(enumerate(kinds, start=1))
     assert [p["line"] for p in problems] == [
         n for n, kind in numbered if kind in ("malformed", "invalid")

@@ -152,7 +152,8 @@ def add_serve_parser(commands: Any) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from ..kubernetes.options import check_arguments, on_cluster
-    from .server import ServeOptions, serve
+    from .options import ServeOptions
+    from .server import serve
 
     problem = check_arguments(args)
     if problem is not None:
