@@ -38,7 +38,8 @@ from typing import Any
 
 from quotaledger.events.ledger import Append, Ledger
 
-from .http.command import ServeError, base_url, parse_listen, run_server
+from .http.command import base_url, parse_listen, run_server
+from .http.options import ServeError
 
 log = logging.getLogger("quotaledger.demo")
 

@@ -15,12 +15,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from quotaledger.events.ledger import LedgerError
 
+from .options import ServeError, ServeOptions
+
 if TYPE_CHECKING:
     from .server import Server
-
-
-class ServeError(LedgerError):
-    """A ``serve``/``demo`` argument that cannot be used (printed, exit 2)."""
 
 
 def read_token(token_file: str | None) -> bytes | None:
@@ -152,7 +150,6 @@ def add_serve_parser(commands: Any) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from ..kubernetes.options import check_arguments, on_cluster
-    from .options import ServeOptions
     from .server import serve
 
     problem = check_arguments(args)

@@ -1,7 +1,10 @@
-"""What one ``serve`` process is told (DESIGN §11).
+"""What one ``serve`` process is told (DESIGN §11), and the error for options it
+cannot use.
 
 Kept free of aiohttp and prometheus-client, so that the ``serve`` command
-(:mod:`.command`) can build its options without importing the server.
+(:mod:`.command`) can build its options without importing the server; the
+server (:mod:`.server`) raises :class:`ServeError` too, so it lives here, below
+both of them.
 """
 
 from __future__ import annotations
@@ -9,6 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from quotaledger.events.ledger import LedgerError
+
+
+class ServeError(LedgerError):
+    """A ``serve``/``demo`` argument that cannot be used (printed, exit 2)."""
 
 
 @dataclass(slots=True)

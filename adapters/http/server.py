@@ -35,7 +35,7 @@ from quotaledger.projections import ProjectedState, settle
 from .documents import errors
 from .gate import GatedLedger
 from .metrics import FoldStatistics, LedgerPosition, StateCollector
-from .options import ServeOptions
+from .options import ServeError, ServeOptions
 from .requests import MAX_QUERY_BYTES
 from .routes import Routes
 from .stream import Feed
@@ -138,7 +138,6 @@ class Server:
         Lease; between terms it follows the ledger, so its reads stay fresh."""
         from ..kubernetes.client import ClusterConfigError
         from ..kubernetes.cluster import run_on_cluster
-        from .command import ServeError
 
         try:
             await run_on_cluster(
