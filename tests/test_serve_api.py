@@ -244,6 +244,11 @@ async def test_decisions_explain_whatif(tmp_path: Path) -> None:
             f"{run.base}/v1/whatif?horizon=soon", data=ndjson(change)
         ) as response:
             assert response.status == 400
+        bad = ndjson(change) + b'{"kind": "QuotaUpserted"\n'
+        async with run.session.post(f"{run.base}/v1/whatif", data=bad) as response:
+            assert response.status == 400
+            error = (await response.json())["error"]
+        assert error["field"] == "body" and [p["line"] for p in error["lines"]] == [2]
 
 
 async def test_stream_sends_each_folded_record(tmp_path: Path) -> None:
@@ -412,6 +417,20 @@ def test_parse_facts_names_every_bad_line(kinds: list[str]) -> None:
     good = [kind for kind in kinds if kind in ("fact", "timed")]
     assert len(appends) == len(good)
     assert [a.ts is not None for a in appends] == [kind == "timed" for kind in good]
+
+
+@given(st.lists(st.sampled_from(sorted(_LINES)), max_size=30))
+def test_parse_changes_reads_the_lines_as_parse_facts_does(kinds: list[str]) -> None:
+    """What-if changes and appended facts come from one line reader: the same bad
+    lines by number; every event line is a change (decisions too), ``at`` or 0."""
+    from quotaledger.adapters.http.requests import parse_changes, parse_facts
+
+    body = b"\n".join(_LINES[kind] for kind in kinds)
+    changes, problems = parse_changes(body)
+    assert problems == parse_facts(body)[1]
+    events = [kind for kind in kinds if kind in ("fact", "timed", "decision")]
+    assert [line for _, line in changes] == [_LINES[kind] for kind in events]
+    assert [at != 0 for at, _ in changes] == [kind == "timed" for kind in events]
 
 
 async def _ids(stream: aiohttp.ClientResponse, count: int) -> list[int]:

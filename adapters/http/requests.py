@@ -7,15 +7,14 @@ that is wrong; nothing here touches the ledger or the state.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from aiohttp import web
 
 from quotaledger.events.codec import EventError, decode_event
 from quotaledger.events.ledger import Append
-from quotaledger.events.model import is_fact, kind_of
+from quotaledger.events.model import Event, is_fact, kind_of
 from quotaledger.events.quantity import canonical_list
 
 from ..jsonl import epoch_ms
@@ -42,11 +41,36 @@ async def read_limited(request: web.Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def ndjson_lines(body: bytes) -> Iterable[tuple[int, bytes]]:
+class EventLine(NamedTuple):
+    """One decoded NDJSON line: its number (from 1), its bytes, its event."""
+
+    number: int
+    payload: bytes
+    event: Event
+
+    def at_ms(self) -> int | None:
+        """The event's own ``at`` (epoch ms), if it has one."""
+        at = getattr(self.event, "at", None)
+        return None if at is None else epoch_ms(at)
+
+
+def event_lines(body: bytes) -> tuple[list[EventLine], list[dict[str, Any]]]:
+    """Every non-blank NDJSON line of ``body`` decoded (DESIGN §4), by number, and
+    a problem naming the line, the kind and the reason for each line that is no
+    event (DESIGN §9: all of them, not only the first)."""
+    lines: list[EventLine] = []
+    problems: list[dict[str, Any]] = []
     for number, raw in enumerate(body.split(b"\n"), start=1):
-        line = raw.strip()
-        if line:
-            yield number, line
+        payload = raw.strip()
+        if not payload:
+            continue
+        try:
+            event = decode_event(payload)
+        except EventError as exc:
+            problems.append({"line": number, "kind": exc.kind, "reason": exc.reason})
+            continue
+        lines.append(EventLine(number, payload, event))
+    return lines, problems
 
 
 def parse_facts(
@@ -56,22 +80,25 @@ def parse_facts(
 
     A line's ``at`` becomes its record's ts (the ledger clamps it up to the
     previous record's); a line without one is stamped with the append time."""
+    lines, problems = event_lines(body)
     appends: list[Append] = []
-    problems: list[dict[str, Any]] = []
     decisions: list[dict[str, Any]] = []
-    for number, line in ndjson_lines(body):
-        try:
-            event = decode_event(line)
-        except EventError as exc:
-            problems.append({"line": number, "kind": exc.kind, "reason": exc.reason})
+    for line in lines:
+        if not is_fact(line.event):
+            kind = kind_of(line.event)
+            decisions.append(
+                {"line": line.number, "kind": kind, "reason": f"{kind} is a decision kind"}
+            )
             continue
-        if not is_fact(event):
-            kind = kind_of(event)
-            decisions.append({"line": number, "kind": kind, "reason": f"{kind} is a decision kind"})
-            continue
-        at = getattr(event, "at", None)
-        appends.append(Append(payload=line, ts=None if at is None else epoch_ms(at)))
+        appends.append(Append(payload=line.payload, ts=line.at_ms()))
     return appends, problems, decisions
+
+
+def parse_changes(body: bytes) -> tuple[list[tuple[int, bytes]], list[dict[str, Any]]]:
+    """NDJSON → what-if changes ``(at_ms, line)`` (a line without ``at``: 0, i.e.
+    now), and every malformed line, by number."""
+    lines, problems = event_lines(body)
+    return [(line.at_ms() or 0, line.payload) for line in lines], problems
 
 
 async def json_body(request: web.Request) -> dict[str, Any]:

@@ -28,14 +28,13 @@ from quotaledger.engine.audit_words import report_json, report_text
 from quotaledger.engine.fold_loop import Until, fold, parse_until
 from quotaledger.engine.live import LiveEngine
 from quotaledger.engine.whatif import ChangeError, parse_duration, whatif
-from quotaledger.events.codec import EventError, decode_event, peek_kind
+from quotaledger.events.codec import peek_kind
 from quotaledger.events.ledger import Record
 from quotaledger.projections import ProjectedState, Projection, rfc3339, settle, state_json
 from quotaledger.projections.available import reported_available
 from quotaledger.projections.snapshot import dump, load
 from quotaledger.projections.view import quota_view
 
-from ..jsonl import epoch_ms
 from .documents import ENCODER, JSON, ApiError, json_response, record_document, tree_document
 from .gate import GatedLedger
 from .metrics import LedgerPosition, StateCollector
@@ -45,7 +44,7 @@ from .requests import (
     MAX_QUERY_BYTES,
     int_param,
     json_body,
-    ndjson_lines,
+    parse_changes,
     parse_facts,
     read_limited,
     resource_list,
@@ -338,16 +337,7 @@ class Routes:
         if horizon < 0:
             raise ApiError(400, "horizon must not be negative", "horizon")
         body = await read_limited(request, MAX_QUERY_BYTES)
-        changes: list[tuple[int, bytes]] = []
-        problems: list[dict[str, Any]] = []
-        for number, line in ndjson_lines(body):
-            try:
-                event = decode_event(line)
-            except EventError as exc:
-                problems.append({"line": number, "kind": exc.kind, "reason": exc.reason})
-                continue
-            at = getattr(event, "at", None)
-            changes.append((0 if at is None else epoch_ms(at), line))
+        changes, problems = parse_changes(body)
         if problems:
             raise ApiError(400, f"{len(problems)} bad change line(s)", "body", lines=problems)
         async with self.host.ledger.gate:
