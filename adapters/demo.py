@@ -199,13 +199,12 @@ class DemoOptions:
 
 async def open_demo_ledger(options: DemoOptions, directory: Path, clock: DemoClock) -> Ledger:
     """A new SQLite ledger on the demo clock, or the Kafka URL (through
-    :func:`quotaledger.adapters.http.server.open_ledger_url`, the one hook for the
-    Kafka backend)."""
-    from .http.server import open_ledger_url
+    :func:`quotaledger.adapters.ledger_url.open_ledger`, the one opener)."""
+    from .ledger_url import open_ledger
     from .sqlite_ledger import SqliteLedger
 
     if options.kafka is not None:
-        return await open_ledger_url(options.kafka)
+        return await open_ledger(options.kafka, create=True)
     return await SqliteLedger.open(str(directory / "demo.db"), create=True, clock_ms=clock)
 
 

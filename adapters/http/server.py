@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -29,9 +28,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from quotaledger.engine.live import LiveEngine, LogExecutor, SimulateExecutor, wall_clock_ms
-from quotaledger.events.ledger import Ledger, LedgerError, Record
+from quotaledger.events.ledger import Ledger, Record
 from quotaledger.projections import ProjectedState, settle
 
+from ..ledger_url import open_ledger
 from .documents import errors
 from .gate import GatedLedger
 from .metrics import FoldStatistics, LedgerPosition, StateCollector
@@ -248,38 +248,6 @@ class Server:
 # ---------------------------------------------------------------- running it
 
 
-async def open_ledger_url(
-    text: str, *, snapshots: str | None = None, read_only: bool = False
-) -> Ledger:
-    """The ledger named by a LEDGER argument (DESIGN §10 URLs), created when empty.
-
-    ``read_only`` (``serve --read-only``) opens an existing ledger without writing
-    to it, as ``replay`` and ``audit`` do, so a ledger on a read-only medium or
-    another user's file can be served (DESIGN §9); it never creates one.
-
-    The one hook for the Kafka backend: when ``quotaledger.adapters.ledger_url``
-    (its ``open_ledger(url, create=..., snapshots=...)``) is installed, every URL
-    goes through it; without it, paths and ``sqlite:///PATH`` open a SQLite ledger
-    and ``kafka://`` is refused with a clear error."""
-    try:
-        urls: Any = importlib.import_module("quotaledger.adapters.ledger_url")
-    except ModuleNotFoundError:
-        urls = None
-    if urls is not None:
-        ledger: Ledger = await urls.open_ledger(
-            text, create=not read_only, snapshots=snapshots, read_only=read_only
-        )
-        return ledger
-    from ..sqlite_ledger import SqliteLedger
-
-    if text.startswith("kafka://"):
-        raise LedgerError(f"{text}: the Kafka ledger is not available in this build")
-    if snapshots is not None:
-        raise LedgerError("--snapshots is for Kafka ledgers; a SQLite ledger keeps its own")
-    path = text.removeprefix("sqlite://") if text.startswith("sqlite:///") else text
-    return await SqliteLedger.open(path, create=not read_only, read_only=read_only)
-
-
 async def serve(
     ledger_url: str,
     options: ServeOptions,
@@ -289,10 +257,17 @@ async def serve(
     signals: bool = True,
     snapshots: str | None = None,
 ) -> None:
-    """Open the ledger and run a :class:`Server` until SIGTERM/SIGINT or ``stop``."""
+    """Open the ledger (DESIGN §10 URLs; created when empty, except ``--read-only``,
+    which opens an existing one without writing to it, DESIGN §9) and run a
+    :class:`Server` until SIGTERM/SIGINT or ``stop``."""
     import signal
 
-    ledger = await open_ledger_url(ledger_url, snapshots=snapshots, read_only=options.read_only)
+    ledger = await open_ledger(
+        ledger_url,
+        create=not options.read_only,
+        snapshots=snapshots,
+        read_only=options.read_only,
+    )
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     if signals:
