@@ -488,3 +488,29 @@ def test_serve_refuses_bad_arguments_without_a_traceback(
     empty.write_text("\n")
     assert main(["serve", ledger, "--token-file", str(empty)]) == 2
     assert "is empty" in capsys.readouterr().err
+
+
+async def test_record_source_reads_any_ledger_as_the_sqlite_reader_does(tmp_path: Path) -> None:
+    """``/v1/explain`` audits through one record source: a SQLite ledger read batch by
+    batch, any other ledger (here the gated wrapper over the same file) read once:
+    the same records from every offset, so the same audit."""
+    from quotaledger.adapters.http.gate import GatedLedger
+    from quotaledger.adapters.http.routes import record_source
+    from quotaledger.adapters.sqlite_ledger import SqliteLedger
+    from quotaledger.engine.audit import audit
+    from quotaledger.engine.audit_words import report_json
+
+    path = await simulate("quota-decrease.jsonl", tmp_path / "l.db")
+    ledger = await SqliteLedger.open(str(path), read_only=True)
+    try:
+        tail = await ledger.last_offset()
+        direct = await record_source(ledger)
+        other = await record_source(GatedLedger(ledger, lambda: Projection().state))
+        for start in (0, 1, tail // 2, tail, tail + 1):
+            assert list(direct(start)) == list(other(start)), start
+        assert len(list(direct(0))) == tail + 1
+        report = audit(direct)
+        assert report.records == tail + 1 and report.findings
+        assert report_json(audit(other)) == report_json(report)
+    finally:
+        await ledger.close()

@@ -14,7 +14,7 @@ import asyncio
 import hmac
 import itertools
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from importlib import resources
 from typing import Any, Protocol
@@ -22,19 +22,20 @@ from typing import Any, Protocol
 from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from quotaledger.engine.audit import DECISION_KINDS, audit
+from quotaledger.engine.audit import DECISION_KINDS, RecordSource, audit
 from quotaledger.engine.audit_findings import AuditReport
 from quotaledger.engine.audit_words import report_json, report_text
 from quotaledger.engine.fold_loop import Until, fold, parse_until
 from quotaledger.engine.live import LiveEngine
 from quotaledger.engine.whatif import ChangeError, parse_duration, whatif
 from quotaledger.events.codec import peek_kind
-from quotaledger.events.ledger import Record
+from quotaledger.events.ledger import Ledger
 from quotaledger.projections import ProjectedState, Projection, rfc3339, settle, state_json
 from quotaledger.projections.available import reported_available
 from quotaledger.projections.snapshot import dump, load
 from quotaledger.projections.view import quota_view
 
+from ..sqlite_ledger import SqliteLedger
 from .documents import ENCODER, JSON, ApiError, json_response, record_document, tree_document
 from .gate import GatedLedger
 from .metrics import LedgerPosition, StateCollector
@@ -158,17 +159,8 @@ class Routes:
             tail = await self.host.ledger.last_offset()
             if self._audit_cache is not None and self._audit_cache[0] == tail:
                 return self._audit_cache[1]
-            inner = self.host.ledger.inner
-            iter_batches = getattr(inner, "iter_batches", None)
-            if iter_batches is not None:
-
-                def source(start: int) -> Iterable[Record]:
-                    return itertools.chain.from_iterable(iter_batches(start))
-
-                report: AuditReport = await asyncio.to_thread(audit, source)
-            else:
-                records = [r async for batch in inner.read(0) for r in batch]
-                report = await asyncio.to_thread(audit, lambda start: records[start:])
+            source = await record_source(self.host.ledger.inner)
+            report: AuditReport = await asyncio.to_thread(audit, source)
             if report.records == tail + 1:
                 self._audit_cache = (tail, report)
             return report
@@ -414,6 +406,17 @@ class Routes:
 
     async def page_file(self, request: web.Request) -> web.Response:
         return page_response(request.match_info["file"])
+
+
+async def record_source(ledger: Ledger) -> RecordSource:
+    """``source(n)``: the ledger's records from offset ``n``, for the auditor, which
+    reads them in a worker thread. A SQLite ledger is read batch by batch through
+    its own reader connections; any other ledger once into memory (an audit reads
+    every record anyway)."""
+    if isinstance(ledger, SqliteLedger):
+        return lambda start: itertools.chain.from_iterable(ledger.iter_batches(start))
+    records = [record async for batch in ledger.read(0) for record in batch]
+    return lambda start: records[start:]
 
 
 def page_response(name: str) -> web.Response:
