@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from quotaledger.engine.audit import DECISION_KINDS, RecordSource, audit
+from quotaledger.engine.audit import RecordSource, audit
 from quotaledger.engine.audit_findings import AuditReport
 from quotaledger.engine.audit_words import report_json, report_text
 from quotaledger.engine.fold_loop import Until, fold, parse_until
@@ -30,6 +30,7 @@ from quotaledger.engine.live import LiveEngine
 from quotaledger.engine.whatif import ChangeError, parse_duration, whatif
 from quotaledger.events.codec import peek_kind
 from quotaledger.events.ledger import Ledger
+from quotaledger.events.model import DECISION_KINDS
 from quotaledger.projections import ProjectedState, Projection, rfc3339, settle, state_json
 from quotaledger.projections.available import reported_available
 from quotaledger.projections.snapshot import dump, load

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import msgspec
 from aiohttp import web
 
-from quotaledger.engine.audit import DECISION_KINDS
 from quotaledger.events.codec import peek_kind
 from quotaledger.events.ledger import Ledger, Record
+from quotaledger.events.model import DECISION_KINDS
 from quotaledger.projections import rfc3339
 
 from .requests import int_param
