@@ -622,9 +622,11 @@ async def _run_engine(args: argparse.Namespace) -> None:
     if on_cluster(args):
         from .kubernetes.client import ClusterConfigError
         from .kubernetes.cluster import run_on_cluster
+        from .kubernetes.options import ClusterOptions
 
         try:
-            await run_on_cluster(args, ledger, stop)
+            options = ClusterOptions.from_args(args, snapshot_every=args.snapshot_every)
+            await run_on_cluster(options, ledger, stop)
         except ClusterConfigError as exc:
             raise UserError(str(exc)) from None
         finally:

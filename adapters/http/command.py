@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from quotaledger.events.ledger import LedgerError
 
+from ..kubernetes.options import ClusterOptions, on_cluster
 from .options import ServeError, ServeOptions
 
 if TYPE_CHECKING:
@@ -148,8 +149,22 @@ def add_serve_parser(commands: Any) -> None:
     parser.set_defaults(handler=cmd_serve)
 
 
+def serve_options(args: argparse.Namespace) -> ServeOptions:
+    """The :class:`ServeOptions` of a parsed ``serve`` command line (checked first)."""
+    host, port = parse_listen(args.listen)
+    return ServeOptions(
+        host=host,
+        port=port,
+        token=read_token(args.token_file),
+        executor=args.executor,
+        read_only=args.read_only,
+        instance=args.instance,
+        cluster=ClusterOptions.from_args(args) if on_cluster(args) else None,
+    )
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    from ..kubernetes.options import check_arguments, on_cluster
+    from ..kubernetes.options import check_arguments
     from .server import serve
 
     problem = check_arguments(args)
@@ -162,16 +177,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
-    host, port = parse_listen(args.listen)
-    options = ServeOptions(
-        host=host,
-        port=port,
-        token=read_token(args.token_file),
-        executor=args.executor,
-        read_only=args.read_only,
-        instance=args.instance,
-        cluster=args if on_cluster(args) else None,
-    )
+    options = serve_options(args)
     run_server(
         serve(args.ledger, options, announce=print_urls, snapshots=args.snapshots), args.listen
     )

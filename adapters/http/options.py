@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from quotaledger.events.ledger import LedgerError
+
+from ..kubernetes.options import ClusterOptions
 
 
 class ServeError(LedgerError):
@@ -35,4 +36,4 @@ class ServeOptions:
     idle_poll_s: float = 0.5
     #: the parsed ``--kubeconfig``/``--in-cluster`` options (DESIGN §12): engine and
     #: watcher only while holding the Lease, reads on every replica
-    cluster: Any = None
+    cluster: ClusterOptions | None = None

@@ -31,6 +31,7 @@ from quotaledger.engine.live import LiveEngine, LogExecutor, SimulateExecutor, w
 from quotaledger.events.ledger import Ledger, Record
 from quotaledger.projections import ProjectedState, settle
 
+from ..kubernetes.options import ClusterOptions
 from ..ledger_url import open_ledger
 from .documents import errors
 from .gate import GatedLedger
@@ -124,7 +125,7 @@ class Server:
             if self.options.read_only:
                 group.create_task(self._follow_only(stop))
             elif self.options.cluster is not None:
-                group.create_task(self._on_cluster(stop))
+                group.create_task(self._on_cluster(self.options.cluster, stop))
             else:
                 group.create_task(self.engine.run(stop, self._engine_ready))
             group.create_task(self._http(stop, announce))
@@ -133,7 +134,7 @@ class Server:
         self._restored = True
         self.leader_known = True
 
-    async def _on_cluster(self, stop: asyncio.Event) -> None:
+    async def _on_cluster(self, cluster: ClusterOptions, stop: asyncio.Event) -> None:
         """DESIGN §12: the engine (and watcher) of this replica while it holds the
         Lease; between terms it follows the ledger, so its reads stay fresh."""
         from ..kubernetes.client import ClusterConfigError
@@ -141,7 +142,7 @@ class Server:
 
         try:
             await run_on_cluster(
-                self.options.cluster,
+                cluster,
                 self.ledger,
                 stop,
                 engine=self.engine,
