@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from quotaledger.events.ledger import LedgerError
 
-from ..kubernetes.options import ClusterOptions, on_cluster
+from ..kubernetes.options import ClusterOptions, check_arguments, on_cluster
+from ..kubernetes.options import add_arguments as add_cluster_arguments
 from .options import ServeError, ServeOptions
 
 if TYPE_CHECKING:
@@ -143,14 +144,13 @@ def add_serve_parser(commands: Any) -> None:
     parser.add_argument(
         "--snapshots", metavar="PATH", help="local snapshot file of a Kafka ledger (DESIGN §10)"
     )
-    from ..kubernetes.options import add_arguments as add_cluster_arguments
-
     add_cluster_arguments(parser)
     parser.set_defaults(handler=cmd_serve)
 
 
 def serve_options(args: argparse.Namespace) -> ServeOptions:
-    """The :class:`ServeOptions` of a parsed ``serve`` command line (checked first)."""
+    """The :class:`ServeOptions` of a parsed ``serve`` command line whose Kubernetes
+    options :func:`check_arguments` accepted."""
     host, port = parse_listen(args.listen)
     return ServeOptions(
         host=host,
@@ -164,7 +164,6 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from ..kubernetes.options import check_arguments
     from .server import serve
 
     problem = check_arguments(args)
