@@ -35,9 +35,9 @@ from quotaledger.projections import Projection, rfc3339, state_hash, state_json
 from quotaledger.projections.snapshot import SnapshotError, dump
 
 from .demo import add_demo_parser
+from .http.command import add_serve_parser
 from .jsonl import STDIN, JsonlError, JsonlInput, Line, open_jsonl, read_lines, records
 from .ledger_url import is_kafka_url, open_ledger, parse_ledger_url
-from .serve_cli import add_serve_parser
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 
@@ -622,9 +622,11 @@ async def _run_engine(args: argparse.Namespace) -> None:
     if on_cluster(args):
         from .kubernetes.client import ClusterConfigError
         from .kubernetes.cluster import run_on_cluster
+        from .kubernetes.options import ClusterOptions
 
         try:
-            await run_on_cluster(args, ledger, stop)
+            options = ClusterOptions.from_args(args, snapshot_every=args.snapshot_every)
+            await run_on_cluster(options, ledger, stop)
         except ClusterConfigError as exc:
             raise UserError(str(exc)) from None
         finally:

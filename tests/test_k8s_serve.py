@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from quotaledger.adapters.cli import build_parser
-from quotaledger.adapters.http_api import ServeOptions, serve
+from quotaledger.adapters.http.command import serve_options
+from quotaledger.adapters.http.server import serve
 from quotaledger.adapters.kubernetes.options import check_arguments, on_cluster
 from quotaledger.events.codec import decode_event, peek_kind
 from quotaledger.events.model import LeaderElected, PodUpserted
@@ -179,7 +180,8 @@ async def test_serve_on_a_cluster_uses_exactly_the_shipped_rbac(tmp_path: Path) 
                 "--watch-timeout", "1",
             ]
         )  # fmt: skip
-        options = ServeOptions(port=0, executor=args.executor, instance=args.instance, cluster=args)
+        options = serve_options(args)  # as `serve` builds them: the cluster options typed
+        assert options.port == 0 and options.cluster is not None
         stop = asyncio.Event()
         task = asyncio.create_task(serve(args.ledger, options, stop=stop, signals=False))
 
