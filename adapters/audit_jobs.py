@@ -59,7 +59,7 @@ Job = Callable[..., Any]
 
 def _worker(writer: Connection, counter: Any, slot: int, job: Job, args: tuple[Any, ...]) -> None:
     """The body of one worker process: run ``job`` and send back its result."""
-    from .cli import UserError, tune_gc
+    from .cli.main import UserError, tune_gc
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops its workers
     tune_gc()
@@ -110,7 +110,7 @@ def span_job(
 
 def segment_job(path: str, start: int, end: int, progress: Progress) -> Any:
     """One segment folded from offset 0 (:func:`audit_segment`)."""
-    from .cli import _with_ledger_records
+    from .cli.main import _with_ledger_records
 
     return _with_ledger_records(Path(path), lambda source: audit_segment(source, start, end))
 
@@ -169,7 +169,7 @@ def run_workers(
 
 
 def _last_offset(path: Path) -> int:
-    from .cli import _is_jsonl, _jsonl_ledger_records
+    from .cli.main import _is_jsonl, _jsonl_ledger_records
 
     if _is_jsonl(path):
         return len(_jsonl_ledger_records(path)) - 1
@@ -185,7 +185,7 @@ def _last_offset(path: Path) -> int:
 
 
 def _snapshot_sizes(path: Path) -> list[tuple[int, int]]:
-    from .cli import _is_jsonl
+    from .cli.main import _is_jsonl
 
     if _is_jsonl(path):
         return []
@@ -202,7 +202,7 @@ def _snapshot_sizes(path: Path) -> list[tuple[int, int]]:
 
 def audit_parallel(path: Path, jobs: int, digests: dict[int, bytes]) -> AuditReport:
     """``audit --jobs N`` of a SQLite ledger or JSONL file (see the module docstring)."""
-    from .cli import UserError, _with_ledger_records, progress_for, warn
+    from .cli.main import UserError, _with_ledger_records, progress_for, warn
 
     def single() -> AuditReport:
         report: AuditReport = _with_ledger_records(
@@ -250,7 +250,7 @@ def _audit_spans(
     progress_for: Callable[..., Any],
 ) -> AuditReport | None:
     """The snapshot-segmented audit; None when it must be done in one process."""
-    from .cli import _with_ledger_records
+    from .cli.main import _with_ledger_records
 
     starts: list[int | None] = [None, *stops]
     work = [(span_job, (str(path), start, stops, last_offset, digests)) for start in starts]

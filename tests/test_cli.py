@@ -593,13 +593,13 @@ def test_the_entry_point_sizes_the_collector_for_a_long_lived_engine(
 ) -> None:
     import gc
 
-    from quotaledger.adapters import cli
+    from quotaledger.adapters.cli.main import GC_THRESHOLDS
 
     before = gc.get_threshold()
     try:
         gc.set_threshold(700, 10, 10)
-        assert cli.main([]) == 2  # no command: help, exit 2
-        assert gc.get_threshold() == cli.GC_THRESHOLDS
+        assert main([]) == 2  # no command: help, exit 2
+        assert gc.get_threshold() == GC_THRESHOLDS
     finally:
         gc.set_threshold(*before)
     assert "usage" in capsys.readouterr().out

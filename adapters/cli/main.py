@@ -34,10 +34,10 @@ from quotaledger.events.times import MAX_DELAY_S
 from quotaledger.projections import Projection, rfc3339, state_hash, state_json
 from quotaledger.projections.snapshot import SnapshotError, dump
 
-from .demo import add_demo_parser
-from .jsonl import STDIN, JsonlError, JsonlInput, Line, open_jsonl, read_lines, records
-from .ledger_url import is_kafka_url, open_ledger, parse_ledger_url
-from .serve_cli import add_serve_parser
+from ..demo import add_demo_parser
+from ..jsonl import STDIN, JsonlError, JsonlInput, Line, open_jsonl, read_lines, records
+from ..ledger_url import is_kafka_url, open_ledger, parse_ledger_url
+from ..serve_cli import add_serve_parser
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 
@@ -550,7 +550,7 @@ def describe_decision(decision: dict[str, Any]) -> str:
 
 
 async def _write_ledger(path: Path, ledger_id: str, rows: list[Record]) -> None:
-    from .sqlite_ledger import SqliteLedger
+    from ..sqlite_ledger import SqliteLedger
 
     if path.exists():
         raise UserError(f"{path}: already exists; --out writes a new ledger")
@@ -617,11 +617,11 @@ async def _run_engine(args: argparse.Namespace) -> None:
         loop.add_signal_handler(signum, stop.set)
     if args.stop_after is not None:
         loop.call_later(args.stop_after, stop.set)
-    from .kubernetes.options import on_cluster
+    from ..kubernetes.options import on_cluster
 
     if on_cluster(args):
-        from .kubernetes.client import ClusterConfigError
-        from .kubernetes.cluster import run_on_cluster
+        from ..kubernetes.client import ClusterConfigError
+        from ..kubernetes.cluster import run_on_cluster
 
         try:
             await run_on_cluster(args, ledger, stop)
@@ -632,8 +632,8 @@ async def _run_engine(args: argparse.Namespace) -> None:
         return
     executor: Any = SimulateExecutor() if args.executor == "simulate" else LogExecutor()
     if args.executor == "kafka":
-        from .kafka_executor import KafkaExecutor
-        from .ledger_url import parse_ledger_url
+        from ..kafka_executor import KafkaExecutor
+        from ..ledger_url import parse_ledger_url
 
         url = parse_ledger_url(args.ledger)
         executor = KafkaExecutor(
@@ -679,7 +679,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import logging
 
     _writable_ledger(Path(args.ledger))
-    from .kubernetes.options import check_arguments
+    from ..kubernetes.options import check_arguments
 
     problem = check_arguments(args)
     if problem is not None:
@@ -774,7 +774,7 @@ def _with_ledger_records(
         raise UserError(f"{path}: no such file")
 
     async def run() -> Any:
-        from .sqlite_ledger import SqliteLedger
+        from ..sqlite_ledger import SqliteLedger
 
         ledger = await SqliteLedger.open(str(path), read_only=True)
         try:
@@ -817,7 +817,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         raise UserError("--jobs must be at least 1")
     ledger = _ledger_arg(args.ledger)
     if args.jobs > 1 and isinstance(ledger, Path):
-        from .audit_jobs import audit_parallel
+        from ..audit_jobs import audit_parallel
 
         report = audit_parallel(ledger, args.jobs, digests)
     else:
@@ -898,24 +898,24 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.suite == "k8s":
-        from .kubernetes import bench as bench_k8s
+        from ..kubernetes import bench as bench_k8s
 
         return bench_k8s.main(args)
     if args.suite == "kafka":
-        from . import bench_kafka
+        from .. import bench_kafka
 
         if args.events is None:
             args.events = 200_000
         return bench_kafka.main(args)
     if args.suite == "decide":
-        from . import bench_decide
+        from .. import bench_decide
 
         if args.events is None:
             args.events = 200_000
         return bench_decide.main(args)
     if args.events is None:
         args.events = 1_000_000
-    from . import bench_fold
+    from .. import bench_fold
 
     return bench_fold.main(args)
 
@@ -1232,7 +1232,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_seconds,
         help="stop (and drain) after this many seconds (default: run until SIGTERM/SIGINT)",
     )
-    from .kubernetes.options import add_arguments as add_cluster_arguments
+    from ..kubernetes.options import add_arguments as add_cluster_arguments
 
     add_cluster_arguments(run)
     run.set_defaults(handler=cmd_run)
@@ -1422,7 +1422,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(commands)
     add_demo_parser(commands)
 
-    from .importers.command import add_parser as add_import_parser
+    from ..importers.command import add_parser as add_import_parser
 
     add_import_parser(commands)
     return parser
