@@ -593,7 +593,7 @@ def test_the_entry_point_sizes_the_collector_for_a_long_lived_engine(
 ) -> None:
     import gc
 
-    from quotaledger.adapters.cli.main import GC_THRESHOLDS
+    from quotaledger.adapters.cli.common import GC_THRESHOLDS
 
     before = gc.get_threshold()
     try:

@@ -47,7 +47,9 @@ from quotaledger.engine.audit import (
 from quotaledger.engine.audit_findings import AuditReport
 from quotaledger.events.ledger import LedgerError
 
-from .sqlite_ledger import SqliteLedger
+from ..sqlite_ledger import SqliteLedger
+from .common import UserError, is_jsonl, progress_for, tune_gc, warn
+from .sources import jsonl_ledger_records, with_ledger_records
 
 Progress = Callable[[int], None]
 #: A worker's job: picklable by name, called with its arguments and a progress callback.
@@ -59,8 +61,6 @@ Job = Callable[..., Any]
 
 def _worker(writer: Connection, counter: Any, slot: int, job: Job, args: tuple[Any, ...]) -> None:
     """The body of one worker process: run ``job`` and send back its result."""
-    from .cli.main import UserError, tune_gc
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops its workers
     tune_gc()
 
@@ -110,9 +110,7 @@ def span_job(
 
 def segment_job(path: str, start: int, end: int, progress: Progress) -> Any:
     """One segment folded from offset 0 (:func:`audit_segment`)."""
-    from .cli.main import _with_ledger_records
-
-    return _with_ledger_records(Path(path), lambda source: audit_segment(source, start, end))
+    return with_ledger_records(Path(path), lambda source: audit_segment(source, start, end))
 
 
 # ----------------------------------------------------------------- parent side
@@ -169,10 +167,8 @@ def run_workers(
 
 
 def _last_offset(path: Path) -> int:
-    from .cli.main import _is_jsonl, _jsonl_ledger_records
-
-    if _is_jsonl(path):
-        return len(_jsonl_ledger_records(path)) - 1
+    if is_jsonl(path):
+        return len(jsonl_ledger_records(path)) - 1
 
     async def run() -> int:
         ledger = await SqliteLedger.open(str(path), read_only=True)
@@ -185,9 +181,7 @@ def _last_offset(path: Path) -> int:
 
 
 def _snapshot_sizes(path: Path) -> list[tuple[int, int]]:
-    from .cli.main import _is_jsonl
-
-    if _is_jsonl(path):
+    if is_jsonl(path):
         return []
 
     async def run() -> list[tuple[int, int]]:
@@ -202,10 +196,9 @@ def _snapshot_sizes(path: Path) -> list[tuple[int, int]]:
 
 def audit_parallel(path: Path, jobs: int, digests: dict[int, bytes]) -> AuditReport:
     """``audit --jobs N`` of a SQLite ledger or JSONL file (see the module docstring)."""
-    from .cli.main import UserError, _with_ledger_records, progress_for, warn
 
     def single() -> AuditReport:
-        report: AuditReport = _with_ledger_records(
+        report: AuditReport = with_ledger_records(
             path, lambda source: audit(source, digests=digests)
         )
         return report
@@ -229,7 +222,7 @@ def audit_parallel(path: Path, jobs: int, digests: dict[int, bytes]) -> AuditRep
     ranges = segments(last_offset, max(1, jobs - 1))
     work = [(segment_job, (str(path), a, b)) for a, b in ranges]
     results, chained = run_workers(
-        work, meanwhile=lambda: _with_ledger_records(path, lambda s: chain_pass(s, digests))
+        work, meanwhile=lambda: with_ledger_records(path, lambda s: chain_pass(s, digests))
     )
     if chained.damage or chained.last_offset != last_offset:
         return single()
@@ -250,8 +243,6 @@ def _audit_spans(
     progress_for: Callable[..., Any],
 ) -> AuditReport | None:
     """The snapshot-segmented audit; None when it must be done in one process."""
-    from .cli.main import _with_ledger_records
-
     starts: list[int | None] = [None, *stops]
     work = [(span_job, (str(path), start, stops, last_offset, digests)) for start in starts]
     progress = progress_for("audit", last_offset + 1, None)
@@ -272,6 +263,6 @@ def _audit_spans(
         return None
     if not clean:
         # a digest failed: locating the changed records needs the whole chain
-        chained = _with_ledger_records(path, lambda source: chain_pass(source, digests))
+        chained = with_ledger_records(path, lambda source: chain_pass(source, digests))
         report = with_chain(report, chained, hash_problems)
     return report
