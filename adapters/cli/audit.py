@@ -15,9 +15,10 @@ from pathlib import Path
 
 from quotaledger.events.codec import EventError, decode_event, peek_kind
 from quotaledger.events.digest import parse_digest
+from quotaledger.events.ledger import RecordSource
 
-from .common import LEDGER_HELP, Commands, UserError, ledger_arg, print_json
-from .sources import RecordSource, with_ledger_records
+from ..record_sources import with_record_source
+from .common import LEDGER_HELP, Commands, UserError, ledger_arg, print_json, progress_meter
 
 
 def parse_digests(values: Sequence[str] | None) -> dict[int, bytes]:
@@ -48,11 +49,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
         report = audit_parallel(ledger, args.jobs, digests)
     else:
-        report = with_ledger_records(ledger, lambda source: audit(source, digests=digests), "audit")
+        report = with_record_source(
+            ledger, lambda source: audit(source, digests=digests), progress_meter("audit")
+        )
     if args.pod is not None:
         report = report.for_pod(args.pod)
-        if not report.findings and not with_ledger_records(
-            ledger, lambda source: mentions_pod(source, args.pod), "audit"
+        if not report.findings and not with_record_source(
+            ledger, lambda source: mentions_pod(source, args.pod), progress_meter("audit")
         ):
             raise UserError(f"--pod {args.pod}: no such pod in {args.ledger}")
     if args.json:

@@ -24,7 +24,6 @@ process starts and ends: SIGTERM/SIGINT here terminates them at once (DESIGN
 from __future__ import annotations
 
 import asyncio
-import itertools
 import multiprocessing
 import signal
 from collections.abc import Callable, Mapping, Sequence
@@ -47,9 +46,10 @@ from quotaledger.engine.audit import (
 from quotaledger.engine.audit_findings import AuditReport
 from quotaledger.events.ledger import LedgerError
 
+from ..jsonl import is_jsonl_path
+from ..record_sources import jsonl_file_records, ledger_record_source, with_record_source
 from ..sqlite_ledger import SqliteLedger
-from .common import UserError, is_jsonl, progress_for, tune_gc, warn
-from .sources import jsonl_ledger_records, with_ledger_records
+from .common import UserError, progress_for, progress_meter, tune_gc, warn
 
 Progress = Callable[[int], None]
 #: A worker's job: picklable by name, called with its arguments and a progress callback.
@@ -76,10 +76,6 @@ def _worker(writer: Connection, counter: Any, slot: int, job: Job, args: tuple[A
     writer.close()
 
 
-def _sqlite_source(ledger: SqliteLedger) -> Callable[[int], Any]:
-    return lambda start: itertools.chain.from_iterable(ledger.iter_batches(start))
-
-
 def span_job(
     path: str,
     start: int | None,
@@ -94,7 +90,7 @@ def span_job(
         ledger = await SqliteLedger.open(path, read_only=True)
         try:
             return audit_span(
-                _sqlite_source(ledger),
+                await ledger_record_source(ledger),
                 ledger.snapshot_at,
                 start,
                 stops,
@@ -110,7 +106,9 @@ def span_job(
 
 def segment_job(path: str, start: int, end: int, progress: Progress) -> Any:
     """One segment folded from offset 0 (:func:`audit_segment`)."""
-    return with_ledger_records(Path(path), lambda source: audit_segment(source, start, end))
+    return with_record_source(
+        Path(path), lambda source: audit_segment(source, start, end), progress_meter("audit")
+    )
 
 
 # ----------------------------------------------------------------- parent side
@@ -167,8 +165,8 @@ def run_workers(
 
 
 def _last_offset(path: Path) -> int:
-    if is_jsonl(path):
-        return len(jsonl_ledger_records(path)) - 1
+    if is_jsonl_path(path):
+        return len(jsonl_file_records(path)) - 1
 
     async def run() -> int:
         ledger = await SqliteLedger.open(str(path), read_only=True)
@@ -181,7 +179,7 @@ def _last_offset(path: Path) -> int:
 
 
 def _snapshot_sizes(path: Path) -> list[tuple[int, int]]:
-    if is_jsonl(path):
+    if is_jsonl_path(path):
         return []
 
     async def run() -> list[tuple[int, int]]:
@@ -198,8 +196,8 @@ def audit_parallel(path: Path, jobs: int, digests: dict[int, bytes]) -> AuditRep
     """``audit --jobs N`` of a SQLite ledger or JSONL file (see the module docstring)."""
 
     def single() -> AuditReport:
-        report: AuditReport = with_ledger_records(
-            path, lambda source: audit(source, digests=digests)
+        report: AuditReport = with_record_source(
+            path, lambda source: audit(source, digests=digests), progress_meter("audit")
         )
         return report
 
@@ -215,14 +213,17 @@ def audit_parallel(path: Path, jobs: int, digests: dict[int, bytes]) -> AuditRep
         sizes = []
     stops = plan_stops(sizes, last_offset, jobs)
     if stops:
-        report = _audit_spans(path, stops, last_offset, digests, warn, progress_for)
+        report = _audit_spans(path, stops, last_offset, digests)
         if report is not None:
             return report
         return single()
     ranges = segments(last_offset, max(1, jobs - 1))
     work = [(segment_job, (str(path), a, b)) for a, b in ranges]
     results, chained = run_workers(
-        work, meanwhile=lambda: with_ledger_records(path, lambda s: chain_pass(s, digests))
+        work,
+        meanwhile=lambda: with_record_source(
+            path, lambda source: chain_pass(source, digests), progress_meter("audit")
+        ),
     )
     if chained.damage or chained.last_offset != last_offset:
         return single()
@@ -239,8 +240,6 @@ def _audit_spans(
     stops: list[int],
     last_offset: int,
     digests: dict[int, bytes],
-    warn: Callable[[str], None],
-    progress_for: Callable[..., Any],
 ) -> AuditReport | None:
     """The snapshot-segmented audit; None when it must be done in one process."""
     starts: list[int | None] = [None, *stops]
@@ -263,6 +262,8 @@ def _audit_spans(
         return None
     if not clean:
         # a digest failed: locating the changed records needs the whole chain
-        chained = with_ledger_records(path, lambda source: chain_pass(source, digests))
+        chained = with_record_source(
+            path, lambda source: chain_pass(source, digests), progress_meter("audit")
+        )
         report = with_chain(report, chained, hash_problems)
     return report

@@ -25,7 +25,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO, TypeAlias
 
@@ -35,13 +35,11 @@ from quotaledger.engine.fold_loop import Until, parse_until
 from quotaledger.events.times import MAX_DELAY_S
 from quotaledger.projections import rfc3339
 
-from ..jsonl import STDIN
+from ..jsonl import is_jsonl_path
 from ..ledger_url import is_kafka_url, parse_ledger_url
 
 #: What ``add_subparsers`` returns: every command module's ``register`` adds its parsers to it.
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
-
-JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 
 
 class UserError(Exception):
@@ -168,15 +166,17 @@ def progress_for(label: str, total: int | None, args: argparse.Namespace | None)
     return Progress(label, total, sys.stderr, mode, progress_every_s())
 
 
-def is_jsonl(path: Path) -> bool:
-    return str(path) == STDIN or path.suffix.lower() in JSONL_SUFFIXES
+def progress_meter(label: str) -> Callable[[int], Progress]:
+    """Progress of a pass over a known number of records, as :func:`progress_for`
+    shows it (for :func:`quotaledger.adapters.record_sources.with_record_source`)."""
+    return lambda total: progress_for(label, total, None)
 
 
 def writable_ledger(path: Path) -> Path:
     """A ledger a command will create or append to is a SQLite file: a JSONL
     name there (``ingest ledger.db events.jsonl``, arguments swapped) or ``-``
     is refused before anything is written (DECISIONS 37)."""
-    if is_jsonl(path):
+    if is_jsonl_path(path):
         raise UserError(
             f"{path}: a ledger is a SQLite file (e.g. ledger.db), not JSONL;"
             " did you swap the arguments?"

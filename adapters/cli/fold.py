@@ -21,14 +21,13 @@ from quotaledger.engine.restore import ChainedFold, Restored, restore
 from quotaledger.events.ledger import Record
 from quotaledger.projections import Projection, state_json
 
-from ..jsonl import open_jsonl, records
+from ..jsonl import is_jsonl_path, open_jsonl, records
 from ..ledger_url import is_kafka_url, open_ledger
 from .common import (
     Commands,
     UserError,
     add_source,
     check_end,
-    is_jsonl,
     ledger_arg,
     print_json,
     progress_for,
@@ -73,7 +72,7 @@ def fold_path(path: Path | str, args: argparse.Namespace) -> Restored:
     until = until_option(args.until)
     if isinstance(path, str):
         restored = asyncio.run(fold_ledger(path, until, args))
-    elif is_jsonl(path):
+    elif is_jsonl_path(path):
         with open_jsonl(str(path)) as source:
             chained = ChainedFold(Projection(), on_mismatch=warn)
             progress = progress_for(getattr(args, "command", None) or "replay", None, args)

@@ -16,20 +16,19 @@ from quotaledger.engine.fold_loop import Until, fold
 from quotaledger.engine.whatif import ChangeError, parse_duration, whatif, whatif_text
 from quotaledger.projections import Projection
 
-from ..jsonl import STDIN, open_jsonl, read_lines
+from ..jsonl import STDIN, is_jsonl_path, open_jsonl, read_lines
+from ..record_sources import jsonl_file_records
 from .common import (
     LEDGER_HELP,
     SNAPSHOTS_HELP,
     Commands,
     UserError,
     check_end,
-    is_jsonl,
     ledger_arg,
     print_json,
     until_option,
 )
 from .fold import fold_ledger
-from .sources import jsonl_ledger_records
 
 
 def fold_for_whatif(path: Path | str, until: Until, args: argparse.Namespace) -> Projection:
@@ -40,9 +39,9 @@ def fold_for_whatif(path: Path | str, until: Until, args: argparse.Namespace) ->
     )
     if isinstance(path, str):
         return asyncio.run(fold_ledger(path, until, options)).projection
-    if is_jsonl(path):
+    if is_jsonl_path(path):
         projection = Projection()
-        fold(projection, [jsonl_ledger_records(path)], until)
+        fold(projection, [jsonl_file_records(path)], until)
         return projection
     if not path.exists():
         raise UserError(f"{path}: no such file")
