@@ -15,6 +15,8 @@ is written here once:
   ``kafka://...``) or a JSONL file, opened around the work that reads it.
 
 Nothing here writes: a ledger on a read-only medium can be audited (DESIGN §9).
+The SQLite backend is imported when a ledger is read, as :mod:`.ledger_url`
+does: reading a JSONL file, and every command's start-up, need no sqlite3.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from quotaledger.events.ledger import Ledger, Record, RecordSource
 
 from .jsonl import is_jsonl_path, open_jsonl, records
 from .ledger_url import is_kafka_url, open_ledger
-from .sqlite_ledger import SqliteLedger
 
 __all__ = [
     "Meter",
@@ -59,6 +60,8 @@ MeterFor = Callable[[int], Meter]
 async def ledger_record_source(ledger: Ledger) -> RecordSource:
     """The records of an open ledger (see the module docstring): read lazily from
     a SQLite ledger while it stays open, else read whole here, once."""
+    from .sqlite_ledger import SqliteLedger  # here: sqlite3 is not needed to read a JSONL file
+
     if isinstance(ledger, SqliteLedger):
         iter_batches = ledger.iter_batches
         return lambda start: itertools.chain.from_iterable(iter_batches(start))

@@ -2,9 +2,10 @@
 
 The engine follows the ledger, runs the reconcilers and drives evictions
 through the chosen executor until SIGTERM/SIGINT, which drain and exit
-cleanly (DESIGN §9 shutdown). The Kafka executor and the Kubernetes cluster
-are imported only when asked for: aiokafka and kubernetes-asyncio take longer
-to import than most other commands take to run.
+cleanly (DESIGN §9 shutdown). Imported when the command runs, not at
+start-up: the live engine (only ``run`` needs it), and the Kafka executor and
+the Kubernetes cluster only when asked for (aiokafka and kubernetes-asyncio
+take longer to import than most other commands take to run).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from quotaledger.engine.live import LiveEngine, LogExecutor, SimulateExecutor
 from quotaledger.events.ledger import LedgerError
 
 from ..kubernetes.options import add_arguments as add_cluster_arguments
@@ -39,6 +39,8 @@ from .common import (
 async def _run_engine(args: argparse.Namespace) -> None:
     """Open (or create) the ledger and run the live engine, or the engine and the
     cluster watcher when on a cluster, until SIGTERM/SIGINT or ``--stop-after``."""
+    from quotaledger.engine.live import LiveEngine, LogExecutor, SimulateExecutor
+
     if args.executor == "kafka" and not is_kafka_url(args.ledger):
         raise UserError(
             "--executor kafka needs a kafka:// ledger (its topics are TOPIC.evictions"

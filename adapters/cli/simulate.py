@@ -3,7 +3,9 @@
 Timers fire exactly at their deadlines and the simulate executor answers each
 eviction at the same instant; the result is ``{"decisions": [...], "state":
 {...}}`` (``--json``) or one line per decision and the tree, and ``--out``
-writes the resulting ledger to a new SQLite file.
+writes the resulting ledger to a new SQLite file. The simulation and the
+SQLite ledger are imported when the command runs, not at every command's
+start-up.
 """
 
 from __future__ import annotations
@@ -14,11 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from quotaledger.engine.render import amounts, tree_text
-from quotaledger.engine.simulate import Simulation
 from quotaledger.events.ledger import Append, Record
 
 from ..jsonl import open_jsonl, read_lines
-from ..sqlite_ledger import SqliteLedger
 from .common import Commands, UserError, add_strict, print_json, until_option, writable_ledger
 
 
@@ -48,6 +48,8 @@ def describe_decision(decision: dict[str, Any]) -> str:
 
 async def _write_ledger(path: Path, ledger_id: str, rows: list[Record]) -> None:
     """``--out``: the simulated ledger as a new SQLite file, record for record."""
+    from ..sqlite_ledger import SqliteLedger
+
     if path.exists():
         raise UserError(f"{path}: already exists; --out writes a new ledger")
     # LedgerOpened at the epoch, as in the simulation: at the wall clock it
@@ -64,6 +66,8 @@ async def _write_ledger(path: Path, ledger_id: str, rows: list[Record]) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from quotaledger.engine.simulate import Simulation
+
     until = until_option(args.until)
     if until.offset is not None:
         raise UserError("--until takes a time for simulate (RFC 3339)")

@@ -3,7 +3,8 @@
 Nothing is written: the ledger (or JSONL file) is folded up to ``--at``, the
 ``--change`` facts (strict: a typo must not silently change nothing) are
 applied on a virtual clock until ``--horizon``, and each eviction says whether
-it would also happen without the change.
+it would also happen without the change. The what-if engine is imported when
+the command runs, not at every command's start-up.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import asyncio
 from pathlib import Path
 
 from quotaledger.engine.fold_loop import Until, fold
-from quotaledger.engine.whatif import ChangeError, parse_duration, whatif, whatif_text
 from quotaledger.projections import Projection
 
 from ..jsonl import STDIN, is_jsonl_path, open_jsonl, read_lines
@@ -49,6 +49,8 @@ def fold_for_whatif(path: Path | str, until: Until, args: argparse.Namespace) ->
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
+    from quotaledger.engine.whatif import ChangeError, parse_duration, whatif, whatif_text
+
     try:
         horizon = parse_duration(args.horizon, "--horizon")
     except ValueError as exc:
