@@ -221,6 +221,7 @@ def ledger_arg(text: str) -> Path | str:
 
 
 def print_json(document: Any) -> None:
+    """``document`` as indented JSON on stdout (``--json``)."""
     sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(document), indent=2))
     sys.stdout.buffer.write(b"\n")
     sys.stdout.flush()
@@ -243,6 +244,7 @@ def add_strict(parser: argparse.ArgumentParser) -> None:
 
 
 def positive_int(text: str) -> int:
+    """An argument type: a whole number of at least 1."""
     try:
         value = int(text)
     except ValueError:
@@ -253,6 +255,7 @@ def positive_int(text: str) -> int:
 
 
 def positive_seconds(text: str) -> float:
+    """An argument type: seconds, more than 0 and at most the longest delay (DESIGN §9 bounds)."""
     try:
         value = float(text)
     except ValueError:
@@ -265,6 +268,8 @@ def positive_seconds(text: str) -> float:
 
 
 def add_source(parser: argparse.ArgumentParser) -> None:
+    """The source of a fold (``replay``, ``tree``): LEDGER or FILE.jsonl, ``--snapshots``,
+    ``--until``, ``--strict``, ``--no-snapshot`` and ``--progress``."""
     parser.add_argument("source", help=f"{LEDGER_HELP}, or FILE.jsonl of events (- reads stdin)")
     parser.add_argument("--snapshots", metavar="PATH", help=SNAPSHOTS_HELP)
     parser.add_argument(
