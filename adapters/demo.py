@@ -304,7 +304,7 @@ platform-batch arrive and finish all along. Watch /, /v1/decisions and /metrics.
 
 
 def add_demo_parser(commands: Any) -> None:
-    """``demo`` among the CLI's subcommands (``adapters/cli.py``)."""
+    """``demo`` among the CLI's subcommands (``adapters/cli/``)."""
     parser = commands.add_parser(
         "demo",
         help="a synthetic cluster with engine, HTTP API, metrics and page",

@@ -282,7 +282,7 @@ LOAD_SETUP = [
 def main() -> None:
     """``python -m quotaledger.adapters.serve_bench scrape`` prints the scrape figures."""
     if sys.argv[1:2] == ["scrape"]:
-        from .cli import tune_gc
+        from .cli.common import tune_gc
 
         tune_gc()  # as `quotaledger serve` runs
         report = {"in_process": scrape_cpu(), "http": asyncio.run(measure_scrape())}

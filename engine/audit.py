@@ -48,7 +48,7 @@ from typing import Any
 
 from quotaledger.events.codec import EventError, decode_event, peek_kind
 from quotaledger.events.digest import DigestChain, next_digest, parse_digest
-from quotaledger.events.ledger import LedgerError, Record, Snapshot
+from quotaledger.events.ledger import LedgerError, Record, RecordSource, Snapshot
 from quotaledger.events.model import (
     DECISION_KINDS,
     ClocksObserved,
@@ -101,8 +101,6 @@ BUFFER_LIMIT = 50_000
 #: How many states before a PreemptionFinished its overuse outcome may have been
 #: judged on (DECISIONS 212); beyond, only the state just before it counts.
 JUDGED_WINDOW = 1_000
-
-RecordSource = Callable[[int], Iterable[Record]]
 
 
 @dataclass(slots=True)

@@ -361,7 +361,7 @@ def test_progress_modes() -> None:
     """A bar redrawn in place, logged lines, or nothing; the total when known."""
     import io
 
-    from quotaledger.adapters.cli import Progress
+    from quotaledger.adapters.cli.common import Progress
 
     logged = io.StringIO()
     progress = Progress("replay", 2000, logged, "log", every_s=0.0)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import itertools
 import os
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -22,21 +21,20 @@ from typing import Any, Protocol
 from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from quotaledger.engine.audit import RecordSource, audit
+from quotaledger.engine.audit import audit
 from quotaledger.engine.audit_findings import AuditReport
 from quotaledger.engine.audit_words import report_json, report_text
 from quotaledger.engine.fold_loop import Until, fold, parse_until
 from quotaledger.engine.live import LiveEngine
 from quotaledger.engine.whatif import ChangeError, parse_duration, whatif
 from quotaledger.events.codec import peek_kind
-from quotaledger.events.ledger import Ledger
 from quotaledger.events.model import DECISION_KINDS
 from quotaledger.projections import ProjectedState, Projection, rfc3339, settle, state_json
 from quotaledger.projections.available import reported_available
 from quotaledger.projections.snapshot import dump, load
 from quotaledger.projections.view import quota_view
 
-from ..sqlite_ledger import SqliteLedger
+from ..record_sources import ledger_record_source
 from .documents import ENCODER, JSON, ApiError, json_response, record_document, tree_document
 from .gate import GatedLedger
 from .metrics import LedgerPosition, StateCollector
@@ -160,7 +158,7 @@ class Routes:
             tail = await self.host.ledger.last_offset()
             if self._audit_cache is not None and self._audit_cache[0] == tail:
                 return self._audit_cache[1]
-            source = await record_source(self.host.ledger.inner)
+            source = await ledger_record_source(self.host.ledger.inner)
             report: AuditReport = await asyncio.to_thread(audit, source)
             if report.records == tail + 1:
                 self._audit_cache = (tail, report)
@@ -407,17 +405,6 @@ class Routes:
 
     async def page_file(self, request: web.Request) -> web.Response:
         return page_response(request.match_info["file"])
-
-
-async def record_source(ledger: Ledger) -> RecordSource:
-    """``source(n)``: the ledger's records from offset ``n``, for the auditor, which
-    reads them in a worker thread. A SQLite ledger is read batch by batch through
-    its own reader connections; any other ledger once into memory (an audit reads
-    every record anyway)."""
-    if isinstance(ledger, SqliteLedger):
-        return lambda start: itertools.chain.from_iterable(ledger.iter_batches(start))
-    records = [record async for batch in ledger.read(0) for record in batch]
-    return lambda start: records[start:]
 
 
 def page_response(name: str) -> web.Response:
