@@ -276,8 +276,8 @@ async def run_demo(
 
 
 async def _decision_counts(ledger: Ledger) -> dict[str, int]:
-    from quotaledger.engine.audit import DECISION_KINDS
     from quotaledger.events.codec import peek_kind
+    from quotaledger.events.model import DECISION_KINDS
 
     counts: Counter[str] = Counter()
     async for batch in ledger.read(0):

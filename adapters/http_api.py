@@ -32,7 +32,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from quotaledger.engine.audit import DECISION_KINDS, audit
+from quotaledger.engine.audit import audit
 from quotaledger.engine.audit_findings import AuditReport
 from quotaledger.engine.audit_words import report_json, report_text
 from quotaledger.engine.fold_loop import Until, fold, parse_until
@@ -40,7 +40,7 @@ from quotaledger.engine.live import LiveEngine, LogExecutor, SimulateExecutor, w
 from quotaledger.engine.whatif import ChangeError, parse_duration, whatif
 from quotaledger.events.codec import EventError, decode_event, peek_kind
 from quotaledger.events.ledger import Append, Ledger, LedgerError, Record
-from quotaledger.events.model import is_fact, kind_of
+from quotaledger.events.model import DECISION_KINDS, is_fact, kind_of
 from quotaledger.projections import ProjectedState, Projection, rfc3339, settle, state_json
 from quotaledger.projections.available import reported_available
 from quotaledger.projections.snapshot import dump, load

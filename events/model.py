@@ -280,6 +280,8 @@ DECISION_TYPES: tuple[type[Struct], ...] = (
     PreemptionFinished,
     LedgerDigest,
 )
+#: Kinds written by the engine only (DESIGN §4).
+DECISION_KINDS = frozenset({"LedgerOpened", *(t.__name__ for t in DECISION_TYPES)})
 
 
 def kind_of(event: Struct) -> str:
@@ -293,6 +295,7 @@ def is_fact(event: Struct) -> bool:
 
 
 __all__ = [
+    "DECISION_KINDS",
     "DECISION_TYPES",
     "FACT_TYPES",
     "RL",

@@ -87,8 +87,8 @@ async def wait_ready(session: aiohttp.ClientSession, base: str, tries: int = 600
 async def facts_after(run: Running, offset: int) -> list[tuple[int, bytes]]:
     """(offset, payload) of every fact (not an engine decision) after ``offset``: what a
     client appended, whatever the engine may have appended meanwhile."""
-    from quotaledger.engine.audit import DECISION_KINDS
     from quotaledger.events.codec import peek_kind
+    from quotaledger.events.model import DECISION_KINDS
 
     out = []
     async for batch in run.ledger.read(offset + 1):
