@@ -809,8 +809,7 @@ def _parse_digests(values: Sequence[str] | None) -> dict[int, bytes]:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from quotaledger.engine.audit import audit
-    from quotaledger.engine.audit_words import report_json, report_text
+    from quotaledger.engine.audit import audit, report_json, report_text
 
     digests = _parse_digests(args.digest)
     if args.jobs < 1:

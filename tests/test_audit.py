@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from quotaledger.adapters.cli import main
-from quotaledger.engine import audit as audit_module
-from quotaledger.engine.audit import Auditor, _Lagging
+from quotaledger.engine.audit import decisions as audit_module
+from quotaledger.engine.audit.decisions import Auditor, _Lagging
 from quotaledger.engine.simulate import Simulation
 from quotaledger.events.ledger import Record
 from quotaledger.projections import Projection, rfc3339, state_json

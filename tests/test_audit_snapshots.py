@@ -18,16 +18,14 @@ from hypothesis import strategies as st
 
 from quotaledger.adapters.cli import main
 from quotaledger.adapters.sqlite_ledger import SqliteLedger
-from quotaledger.engine.audit import (
-    AuditReport,
-    audit,
+from quotaledger.engine.audit import AuditReport, audit, report_json, report_text
+from quotaledger.engine.audit.decisions import (
     audit_span,
     chain_pass,
     merge_spans,
     plan_stops,
     with_chain,
 )
-from quotaledger.engine.audit_words import report_json, report_text
 from quotaledger.events.digest import DigestChain
 from quotaledger.events.ledger import Record, Snapshot
 from quotaledger.projections import Projection, state_hash

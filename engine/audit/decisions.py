@@ -1,5 +1,5 @@
 """Audit: re-derive every decision of a ledger from the facts and check its digests
-(DESIGN §7 audit, §9 integrity). This module decides; :mod:`.audit_words` says it.
+(DESIGN §7 audit, §9 integrity). This module decides; :mod:`.report` says it.
 
 Every record is folded from offset 0: by this pass, or, in a parallel audit, by
 the segment before a snapshot that the next segment starts from once the
@@ -73,8 +73,9 @@ from quotaledger.projections.plans import Plan, Victim, comparable_explain, decr
 from quotaledger.projections.snapshot import dump, load
 from quotaledger.projections.state import ProjectedState
 
-from .audit_findings import AuditReport, DigestCheck, Finding, Problem
-from .audit_words import (
+from ..core import EngineCore, Timer, timers
+from .findings import AuditReport, DigestCheck, Finding, Problem
+from .report import (
     clocks_words,
     explain_words,
     pod_words,
@@ -83,7 +84,6 @@ from .audit_words import (
     why_overuse,
     why_reclaim,
 )
-from .core import EngineCore, Timer, timers
 
 #: Decisions that get a paragraph even when the projection accepted them.
 AUDITED = (
