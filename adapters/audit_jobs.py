@@ -37,13 +37,13 @@ from quotaledger.engine.audit.decisions import (
     SegmentMismatch,
     audit_segment,
     audit_span,
-    chain_pass,
     merge_segments,
     merge_spans,
     plan_stops,
     segments,
     with_chain,
 )
+from quotaledger.engine.audit.digests import chain_pass
 from quotaledger.events.ledger import LedgerError
 
 from .sqlite_ledger import SqliteLedger

@@ -21,11 +21,11 @@ from quotaledger.adapters.sqlite_ledger import SqliteLedger
 from quotaledger.engine.audit import AuditReport, audit, report_json, report_text
 from quotaledger.engine.audit.decisions import (
     audit_span,
-    chain_pass,
     merge_spans,
     plan_stops,
     with_chain,
 )
+from quotaledger.engine.audit.digests import chain_pass
 from quotaledger.events.digest import DigestChain
 from quotaledger.events.ledger import Record, Snapshot
 from quotaledger.projections import Projection, state_hash
