@@ -10,7 +10,7 @@ where a process starts:
   state, digest and stored blob. A snapshot it does not reproduce is reported
   (a warning naming it) and process k - 1 audits on past it from its own,
   verified state, so the report is the one-process report whatever the jobs
-  (:func:`quotaledger.engine.audit.decisions.merge_spans`).
+  (:func:`quotaledger.engine.audit.parallel.merge_spans`).
 * **Without a usable snapshot** (DECISIONS 46, 121): N - 1 processes audit
   equal segments, each folding the records before its segment first, while
   this process checks the digest chain.
@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from quotaledger.engine.audit import AuditReport, audit
-from quotaledger.engine.audit.decisions import (
+from quotaledger.engine.audit.digests import chain_pass
+from quotaledger.engine.audit.parallel import (
     SegmentMismatch,
     audit_segment,
     audit_span,
@@ -43,7 +44,6 @@ from quotaledger.engine.audit.decisions import (
     segments,
     with_chain,
 )
-from quotaledger.engine.audit.digests import chain_pass
 from quotaledger.events.ledger import LedgerError
 
 from .sqlite_ledger import SqliteLedger

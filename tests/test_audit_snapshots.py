@@ -19,13 +19,13 @@ from hypothesis import strategies as st
 from quotaledger.adapters.cli import main
 from quotaledger.adapters.sqlite_ledger import SqliteLedger
 from quotaledger.engine.audit import AuditReport, audit, report_json, report_text
-from quotaledger.engine.audit.decisions import (
+from quotaledger.engine.audit.digests import chain_pass
+from quotaledger.engine.audit.parallel import (
     audit_span,
     merge_spans,
     plan_stops,
     with_chain,
 )
-from quotaledger.engine.audit.digests import chain_pass
 from quotaledger.events.digest import DigestChain
 from quotaledger.events.ledger import Record, Snapshot
 from quotaledger.projections import Projection, state_hash

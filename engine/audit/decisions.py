@@ -3,10 +3,10 @@
 
 Every record is folded from offset 0: by this pass, or, in a parallel audit, by
 the segment before a snapshot that the next segment starts from once the
-records reproduce it (:func:`audit_span`; a snapshot is never believed). Each
-preemption decision is checked against what the reconcilers' pure functions
-(:mod:`quotaledger.projections.plans`) decide on the state the decision names as
-its ``basis``:
+records reproduce it (:func:`.parallel.audit_span`; a snapshot is never
+believed). Each preemption decision is checked against what the reconcilers'
+pure functions (:mod:`quotaledger.projections.plans`) decide on the state the
+decision names as its ``basis``:
 
 * ``PreemptionStarted`` — a timer of that cause was armed for the queue and due
   at the decision's ts (quota-decrease: the queue's deadline, with
@@ -36,14 +36,13 @@ source, and a basis older than the lagging fold refolds it from offset 0.
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from quotaledger.events.codec import EventError, decode_event, peek_kind
-from quotaledger.events.digest import DigestChain, parse_digest
-from quotaledger.events.ledger import LedgerError, Record, RecordSource, Snapshot
+from quotaledger.events.digest import DigestChain
+from quotaledger.events.ledger import Record, RecordSource
 from quotaledger.events.model import (
     DECISION_KINDS,
     ClocksObserved,
@@ -65,7 +64,7 @@ from quotaledger.projections import Projection, rfc3339, state_hash
 from quotaledger.projections.clocks import free_capacity, is_owing, is_starving
 from quotaledger.projections.derive import settle
 from quotaledger.projections.plans import Plan, Victim, comparable_explain, decrease_target
-from quotaledger.projections.snapshot import dump, load
+from quotaledger.projections.snapshot import load
 from quotaledger.projections.state import ProjectedState
 
 from ..core import EngineCore, Timer, timers
@@ -80,6 +79,7 @@ from .report import (
     why_overuse,
     why_reclaim,
 )
+from .start import SegmentStart, index_before
 
 #: Decisions that get a paragraph even when the projection accepted them.
 AUDITED = (
@@ -178,12 +178,13 @@ class Auditor:
         source: RecordSource,
         *,
         digests: Mapping[int, bytes] | None = None,
-        start: _Prefix | None = None,
+        start: SegmentStart | None = None,
     ) -> None:
         """``start``: a segment of a parallel audit starts from the fold of the
-        records before it (:func:`audit_segment`: it checks no digest chain, the
-        parent does) or from a snapshot (:func:`audit_span`: its chain starts
-        from the snapshot's digest); by default the audit starts at offset 0."""
+        records before it (:func:`.parallel.audit_segment`: it checks no digest
+        chain, the parent does) or from a snapshot (:func:`.parallel.audit_span`:
+        its chain starts from the snapshot's digest); by default the audit starts
+        at offset 0 (:mod:`.start`)."""
         self.source = source
         self.main = start.projection if start is not None else Projection()
         self.begin = self.main.state.offset + 1
@@ -310,9 +311,10 @@ class Auditor:
     def _index_prefix(self) -> None:
         """A segment started from a snapshot: which preemptions the records before
         it started (and the pods they requested) and which pod each eviction
-        named, as :func:`_prefix` keeps them; what the segment saw itself wins."""
+        named, as :func:`.start.fold_before` keeps them; what the segment saw
+        itself wins."""
         self.indexed = True
-        starts, eviction_pods = _index(self.source, self.begin)
+        starts, eviction_pods = index_before(self.source, self.begin)
         for preemption_id, started in starts.items():
             if preemption_id not in self.expected:
                 self.pending_starts.setdefault(preemption_id, started)
@@ -768,415 +770,3 @@ def audit(source: RecordSource, *, digests: Mapping[int, bytes] | None = None) -
         if auditor.stopped:
             break
     return auditor.finish()
-
-
-# ----------------------------------------------------------------- parallel segments
-
-
-@dataclass(slots=True)
-class _Prefix:
-    """What a segment's auditor needs of the records before it: their fold, and
-    which preemptions they started and evictions they requested."""
-
-    projection: Projection
-    starts: dict[str, tuple[int, list[str]]] = field(default_factory=dict)
-    eviction_pods: dict[str, str] = field(default_factory=dict)
-    #: False when the segment starts from a snapshot: ``starts`` and
-    #: ``eviction_pods`` are filled by a scan of the records before it when a
-    #: decision first refers to something the segment has not seen.
-    indexed: bool = True
-    #: A start from a snapshot: its blob (the lagging fold restarts from it),
-    #: the digest and state hash it stores (the previous segment verifies both).
-    blob: bytes | None = None
-    digest: bytes | None = None
-    state_hash: str | None = None
-
-
-@dataclass(slots=True)
-class SegmentResult:
-    """One segment's findings, and the state hashes at its two ends."""
-
-    start: int
-    end: int
-    findings: list[Finding]
-    records: int
-    hash_problems: list[tuple[int, Problem]]
-    start_hash: str
-    end_hash: str
-    unfinished: list[str]
-
-
-def _prefix(source: RecordSource, start: int) -> _Prefix:
-    """Fold records ``0..start-1`` as :class:`Auditor` would, keeping its index."""
-    prefix = _Prefix(Projection())
-    main = prefix.projection
-    if start == 0:
-        return prefix
-    for record in source(0):
-        if record.offset >= start:
-            break
-        try:
-            event: Event | None = decode_event(record.payload)
-        except EventError:
-            event = None
-        if event is None:
-            main.apply_record(record)
-            continue
-        main.apply(record.offset, record.ts, event)
-        if isinstance(event, PreemptionStarted):
-            prefix.starts[event.preemption_id] = (record.offset, [])
-        elif isinstance(event, EvictionRequested):
-            prefix.eviction_pods[event.eviction_id] = event.pod_uid
-            started = prefix.starts.get(event.preemption_id)
-            if started is not None:
-                started[1].append(event.pod_uid)
-    return prefix
-
-
-def audit_segment(source: RecordSource, start: int, end: int) -> SegmentResult:
-    """Audit records ``start..end``: fold ``0..start-1`` first (no snapshot: a
-    segment's start state is the fold of the records, and its hash must equal
-    the previous segment's end hash), then feed the segment to an
-    :class:`Auditor` that checks no digest chain (the parent does, in one pass)."""
-    prefix = _prefix(source, start)
-    start_hash = state_hash(prefix.projection.state)
-    auditor = Auditor(source, start=prefix)
-    for record in source(start):
-        if record.offset > end:
-            break
-        auditor.feed(record)
-    report = auditor.finish()
-    return SegmentResult(
-        start,
-        end,
-        report.findings,
-        report.records,
-        auditor.hash_problems,
-        start_hash,
-        state_hash(auditor.main.state),
-        report.unfinished,
-    )
-
-
-class SegmentMismatch(RuntimeError):
-    """A segment's start state differs from where the previous segment ended."""
-
-
-def segments(last_offset: int, jobs: int) -> list[tuple[int, int]]:
-    """``jobs`` contiguous offset ranges covering ``0..last_offset`` (fewer when short)."""
-    count = last_offset + 1
-    jobs = max(1, min(jobs, count))
-    bounds = [count * k // jobs for k in range(jobs + 1)]
-    return [(bounds[k], bounds[k + 1] - 1) for k in range(jobs)]
-
-
-def merge_segments(chained: AuditReport, results: list[SegmentResult]) -> AuditReport:
-    """The report of a parallel audit: each segment's start state must be the
-    previous one's end state (:class:`SegmentMismatch` otherwise)."""
-    for before, after in itertools.pairwise(results):
-        if after.start_hash != before.end_hash:
-            raise SegmentMismatch(
-                f"segment {after.start}..{after.end} started from a state hashing to"
-                f" {after.start_hash}, the previous segment ended at {before.end_hash}"
-            )
-    report = chained
-    by_offset = {check.offset: check for check in report.digests if check.offset is not None}
-    for result in results:
-        report.findings.extend(result.findings)
-        report.records += result.records
-        for offset, problem in result.hash_problems:
-            by_offset[offset].problems.append(problem)
-    report.unfinished = results[-1].unfinished if results else []
-    return report
-
-
-# ----------------------------------------------------------------- segments from snapshots
-
-#: A snapshot of the audited ledger at exactly an offset, or None.
-SnapshotAt = Callable[[int], Snapshot | None]
-
-
-def _index(
-    source: RecordSource, start: int
-) -> tuple[dict[str, tuple[int, list[str]]], dict[str, str]]:
-    """The preemptions records ``0..start-1`` started (with the pods requested
-    since) and the pod of each eviction they requested, as :func:`_prefix`
-    keeps them, without folding. A record is decoded only when its bytes may
-    name one of the two kinds (the name itself, or a ``\\u`` escape)."""
-    starts: dict[str, tuple[int, list[str]]] = {}
-    pods: dict[str, str] = {}
-    for record in source(0):
-        if record.offset >= start:
-            break
-        payload = record.payload
-        if isinstance(payload, bytes) and not (
-            b"PreemptionStarted" in payload or b"EvictionRequested" in payload or b"\\u" in payload
-        ):
-            continue
-        try:
-            event = decode_event(payload)
-        except EventError:
-            continue
-        if isinstance(event, PreemptionStarted):
-            starts[event.preemption_id] = (record.offset, [])
-        elif isinstance(event, EvictionRequested):
-            pods[event.eviction_id] = event.pod_uid
-            started = starts.get(event.preemption_id)
-            if started is not None:
-                started[1].append(event.pod_uid)
-    return starts, pods
-
-
-@dataclass(frozen=True, slots=True)
-class SnapshotMark:
-    """A segment boundary: the snapshot at ``offset`` as one process read it (the
-    digest and state hash it stores, the SHA-256 of its blob)."""
-
-    offset: int
-    digest: str
-    state_hash: str
-    blob_sha256: str
-
-
-@dataclass(slots=True)
-class SpanResult:
-    """What one process of a snapshot-segmented audit found (:func:`audit_span`).
-
-    ``start_mark``: the snapshot it started from (None: offset 0, or
-    ``start_problem`` says why the snapshot could not be used). ``accepted``:
-    the snapshot at ``end`` whose state, digest and blob this span reproduced
-    (None: it ran to the last offset). ``rejected``: boundaries it did not
-    reproduce, and why; it went on auditing past each of them.
-    """
-
-    start: int
-    end: int
-    start_mark: SnapshotMark | None
-    start_problem: str | None
-    accepted: SnapshotMark | None
-    rejected: list[tuple[int, str]]
-    report: AuditReport
-    hash_problems: list[tuple[int, Problem]]
-
-
-def _blob_sha256(blob: bytes) -> str:
-    return Snapshot.checksum_of(blob)
-
-
-def _snapshot_start(snapshot: Snapshot | None, offset: int) -> tuple[_Prefix, SnapshotMark]:
-    """The start of a segment from the snapshot at ``offset`` (a hypothesis, which
-    the previous segment verifies); ValueError says why it cannot be used."""
-    if snapshot is None or snapshot.offset != offset:
-        raise ValueError("the ledger has no snapshot at that offset any more")
-    if snapshot.digest is None or snapshot.state_hash is None:
-        raise ValueError("it stores no digest or state hash")
-    digest = parse_digest(snapshot.digest)
-    try:
-        state = load(snapshot.blob)
-    except Exception as exc:  # any damage to the blob: it is only a cache
-        raise ValueError(f"unreadable blob ({type(exc).__name__}: {exc})") from None
-    if state.offset != offset:
-        raise ValueError(f"its state is at offset {state.offset}")
-    start = _Prefix(
-        Projection(state),
-        indexed=False,
-        blob=snapshot.blob,
-        digest=digest,
-        state_hash=snapshot.state_hash,
-    )
-    mark = SnapshotMark(offset, snapshot.digest, snapshot.state_hash, _blob_sha256(snapshot.blob))
-    return start, mark
-
-
-def _reproduces(auditor: Auditor, snapshot: Snapshot | None, offset: int) -> SnapshotMark | str:
-    """Does the state the records give at ``offset`` (the auditor has just fed it)
-    equal the snapshot there? Its mark when it does, else why not: the digest
-    chain must give its digest, the state its state hash, and the persisted
-    state its blob byte for byte (the blob also holds what the hash leaves out:
-    the time, the rejections)."""
-    if snapshot is None or snapshot.offset != offset:
-        return "the ledger has no snapshot at that offset any more"
-    if snapshot.digest is None or snapshot.state_hash is None:
-        return "it stores no digest or state hash"
-    assert auditor.chain is not None and auditor.chain.chain.through == offset
-    digest = auditor.chain.chain.hex
-    if snapshot.digest != digest:
-        return f"it stores digest {snapshot.digest}, the records give {digest}"
-    checksum = _blob_sha256(snapshot.blob)
-    if snapshot.checksum is not None and snapshot.checksum != checksum:
-        return "its blob does not match its checksum"
-    hashed = state_hash(auditor.main.state)
-    if hashed != snapshot.state_hash:
-        return f"it stores state hash {snapshot.state_hash}, the records give {hashed}"
-    if dump(auditor.main.state) != snapshot.blob:
-        return "its stored state differs from the records' (in what the state hash leaves out)"
-    return SnapshotMark(offset, digest, hashed, checksum)
-
-
-def audit_span(
-    source: RecordSource,
-    snapshot_at: SnapshotAt,
-    start: int | None,
-    stops: Sequence[int],
-    end: int,
-    *,
-    digests: Mapping[int, bytes] | None = None,
-    progress: Callable[[int], None] | None = None,
-) -> SpanResult:
-    """Audit from offset 0 (``start`` None) or from the snapshot at ``start`` up
-    to the first of ``stops`` whose snapshot this span reproduces, else to
-    ``end`` (DESIGN §9: every record re-derived by some process, nothing
-    trusted; DECISIONS 160).
-
-    The start snapshot is a hypothesis: the span before checks it. At each stop
-    the state, digest and persisted state the records give are compared with
-    the snapshot there (:func:`_reproduces`): equal, the span ends and the next
-    one takes over; different, the snapshot is rejected and this span audits
-    on from its own, verified state. ``progress`` gets the records done so far.
-    """
-    begin = 0 if start is None else start + 1
-    given = {offset: d for offset, d in (digests or {}).items() if offset >= begin}
-    prefix: _Prefix | None = None
-    start_mark: SnapshotMark | None = None
-    if start is not None:
-        try:
-            prefix, start_mark = _snapshot_start(snapshot_at(start), start)
-        except (ValueError, LedgerError) as exc:
-            return SpanResult(begin, start, None, str(exc), None, [], AuditReport(), [])
-    auditor = Auditor(source, digests=given, start=prefix)
-    pending = sorted(offset for offset in stops if begin <= offset < end)
-    accepted: SnapshotMark | None = None
-    rejected: list[tuple[int, str]] = []
-    done = 0
-    for record in source(begin):
-        if record.offset > end:
-            break
-        auditor.feed(record)
-        if auditor.stopped:
-            break
-        done += 1
-        if progress is not None and done % 1000 == 0:
-            progress(done)
-        if pending and record.offset == pending[0]:
-            stop = pending.pop(0)
-            try:
-                snapshot = snapshot_at(stop)
-            except LedgerError as exc:
-                rejected.append((stop, f"it cannot be read ({exc})"))
-                continue
-            verdict = _reproduces(auditor, snapshot, stop)
-            if isinstance(verdict, SnapshotMark):
-                accepted = verdict
-                break
-            rejected.append((stop, verdict))
-    if progress is not None:
-        progress(done)
-    if accepted is not None and auditor.chain is not None:
-        auditor.chain.given.clear()  # later offsets: the next span's
-    report = auditor.finish()
-    last = auditor.next_offset - 1
-    return SpanResult(
-        begin, last, start_mark, None, accepted, rejected, report, auditor.hash_problems
-    )
-
-
-def plan_stops(snapshots: Sequence[tuple[int, int]], last_offset: int, jobs: int) -> list[int]:
-    """Segment boundaries for ``jobs`` processes among the ``(offset, size)`` of
-    the ledger's snapshots: for each even split of the work, the snapshot where
-    the work done so far is nearest to it (ties: the earlier; one at
-    ``last_offset`` is of no use, a segment starts after its snapshot).
-
-    The work of a record grows with the state it is folded into (folding,
-    and the settle and state hash of each ``LedgerDigest``, whose cost follows
-    what changed: DECISIONS 230), and a snapshot's size measures that state:
-    records between two snapshots weigh the mean of their sizes, records
-    before the first half of its size (the state grows from empty), records
-    after the last its size. Measured on the bench ledger with the kept hash
-    (DECISIONS 236), this still puts the cut where the two spans' CPU times
-    are nearest.
-    """
-    usable = sorted({(o, size) for o, size in snapshots if 0 <= o < last_offset})
-    if not usable:
-        return []
-    work: list[tuple[int, float]] = []  # (offset, work of records 0..offset)
-    done, previous, previous_size = 0.0, -1, 0
-    for offset, size in usable:
-        done += (offset - previous) * (previous_size + size) / 2
-        work.append((offset, done))
-        previous, previous_size = offset, size
-    total = done + (last_offset - previous) * previous_size
-    stops: set[int] = set()
-    for k in range(1, jobs):
-        target = total * k / jobs
-        stops.add(min(work, key=lambda item: (abs(item[1] - target), item[0]))[0])
-    return sorted(stops)
-
-
-def merge_spans(
-    results: Sequence[SpanResult], last_offset: int, warn: Callable[[str], None]
-) -> tuple[AuditReport, bool, list[tuple[int, Problem]]]:
-    """The report of a snapshot-segmented audit: from the span at offset 0, each
-    span that reproduced its end snapshot hands over to the span that started
-    from that very snapshot (same digest, state hash and blob), to the last
-    offset. ``warn`` gets each snapshot a span did not reproduce. Returns the
-    report, whether its digest checks stand as they are (False: a digest
-    failed, and locating the change needs the whole chain: :func:`chain_pass`)
-    and the state hash problems of its ``LedgerDigest`` records (for
-    :func:`with_chain`).
-    Raises :class:`SegmentMismatch` when the spans do not join up (a gap, a
-    snapshot replaced meanwhile, a ledger that grew)."""
-    by_start = {result.start: result for result in results}
-    chosen: list[SpanResult] = []
-    current = by_start.get(0)
-    while current is not None:
-        chosen.append(current)
-        for offset, problem in current.rejected:
-            warn(
-                f"snapshot at offset {offset} does not hold the state the records give"
-                f" ({problem}); the records after it were audited again from that state"
-            )
-        if current.report.damage:
-            raise SegmentMismatch(f"the records after offset {current.end} are not contiguous")
-        mark = current.accepted
-        if mark is None:
-            break
-        current = by_start.get(mark.offset + 1)
-        if current is None or current.start_mark != mark:
-            raise SegmentMismatch(
-                f"the segment after offset {mark.offset} did not start from the snapshot"
-                " the segment before it verified"
-            )
-    if not chosen or chosen[-1].end != last_offset:
-        raise SegmentMismatch("the ledger changed while it was audited")
-    report = AuditReport()
-    for result in chosen:
-        report.findings.extend(result.report.findings)
-        report.records += result.report.records
-        report.digests.extend(result.report.digests)
-    last = chosen[-1].report
-    report.digest, report.last_offset, report.unfinished = (
-        last.digest,
-        last.last_offset,
-        last.unfinished,
-    )
-    clean = all(
-        problem.code == "state-hash-mismatch"
-        for check in report.digests
-        for problem in check.problems
-    )
-    hash_problems = [item for result in chosen for item in result.hash_problems]
-    return report, clean, hash_problems
-
-
-def with_chain(
-    report: AuditReport, chained: AuditReport, hash_problems: Iterable[tuple[int, Problem]]
-) -> AuditReport:
-    """``report`` with the digest checks of one pass over the whole chain
-    (:func:`chain_pass`), each ``LedgerDigest``'s state hash problems attached."""
-    by_offset = {check.offset: check for check in chained.digests if check.offset is not None}
-    for offset, problem in hash_problems:
-        by_offset[offset].problems.append(problem)
-    report.digests = chained.digests
-    report.digest, report.last_offset = chained.digest, chained.last_offset
-    report.damage = chained.damage
-    return report
