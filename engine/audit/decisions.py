@@ -6,7 +6,7 @@ the segment before a snapshot that the next segment starts from once the
 records reproduce it (:func:`.parallel.audit_span`; a snapshot is never
 believed). Each preemption decision is checked against what the reconcilers'
 pure functions (:mod:`quotaledger.projections.plans`) decide on the state the
-decision names as its ``basis``:
+decision names as its ``basis`` (a second, lagging fold: :mod:`.lagging`):
 
 * ``PreemptionStarted`` — a timer of that cause was armed for the queue and due
   at the decision's ts (quota-decrease: the queue's deadline, with
@@ -28,15 +28,11 @@ epoch) is reported as refused, with the re-derivation's notes, and not flagged.
 
 The digest chain (:class:`.digests.DigestAudit`) is checked in the same pass.
 
-Pure apart from reading records through a callable: no clock, no writes. A
-second, lagging projection is advanced to each decision's basis when a decision
-asks for it; the latest records are buffered, older ones read again from the
-source, and a basis older than the lagging fold refolds it from offset 0.
+Pure apart from reading records through a callable: no clock, no writes.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -64,12 +60,12 @@ from quotaledger.projections import Projection, rfc3339, state_hash
 from quotaledger.projections.clocks import free_capacity, is_owing, is_starving
 from quotaledger.projections.derive import settle
 from quotaledger.projections.plans import Plan, Victim, comparable_explain, decrease_target
-from quotaledger.projections.snapshot import load
 from quotaledger.projections.state import ProjectedState
 
 from ..core import EngineCore, Timer, timers
 from .digests import DigestAudit
 from .findings import AuditReport, Finding, Problem
+from .lagging import LaggingFold
 from .report import (
     clocks_words,
     explain_words,
@@ -91,9 +87,6 @@ AUDITED = (
     PreemptionFinished,
 )
 
-#: Records the lagging fold keeps in memory; older ones are read again from the
-#: source when a basis needs them.
-BUFFER_LIMIT = 50_000
 #: How many states before a PreemptionFinished its overuse outcome may have been
 #: judged on (DECISIONS 212); beyond, only the state just before it counts.
 JUDGED_WINDOW = 1_000
@@ -107,63 +100,6 @@ class _Expected:
     cause: PreemptionCause
     plan: Plan | None
     requested: list[str] = field(default_factory=list)
-
-
-# ----------------------------------------------------------------- lagging fold
-
-
-class _Lagging:
-    """A projection folded up to a basis, behind the main fold, lazily.
-
-    ``projection`` is at some offset p; ``buffer`` holds the latest records the
-    main fold has passed (at most :data:`BUFFER_LIMIT`; older ones are dropped,
-    not folded). Nothing is folded until a decision asks for its basis: then
-    the records p+1..basis are folded, from the buffer when it holds them and
-    read again from the source otherwise (issue #11: a ledger of facts alone
-    costs no second fold). A basis before p refolds from offset 0.
-    """
-
-    def __init__(
-        self, source: RecordSource, fed: int = -1, seed: tuple[int, bytes] | None = None
-    ) -> None:
-        """``seed``: a segment started from a snapshot (offset, blob): a basis at or
-        after its offset restarts from the snapshot instead of offset 0."""
-        self.source = source
-        self.projection = Projection()
-        self.fed = fed
-        self.buffer: deque[Record] = deque()  # the latest records fed, in order
-        self.refolds = 0
-        self.seed = seed
-
-    def push(self, record: Record) -> None:
-        self.buffer.append(record)
-        self.fed = record.offset
-        if len(self.buffer) > BUFFER_LIMIT:
-            self.buffer.popleft()
-
-    def at(self, basis: int) -> ProjectedState:
-        """The state folded through ``basis`` (which the main fold has passed)."""
-        if basis < self.projection.state.offset:
-            self.refolds += 1
-            self.projection = Projection()
-        if self.seed is not None and self.projection.state.offset < self.seed[0] <= basis:
-            self.projection = Projection(load(self.seed[1]))
-        offset = self.projection.state.offset
-        buffer = self.buffer
-        while buffer and buffer[0].offset <= offset:
-            buffer.popleft()
-        if offset < basis and (not buffer or buffer[0].offset != offset + 1):
-            # the records between the fold and the buffer are read again
-            # (never past what the main fold has passed, whatever the basis says)
-            until = min(basis, buffer[0].offset - 1 if buffer else self.fed)
-            apply_record = self.projection.apply_record
-            for record in self.source(offset + 1):
-                if record.offset > until:
-                    break
-                apply_record(record)
-        while buffer and buffer[0].offset <= basis:
-            self.projection.apply_record(buffer.popleft())
-        return self.projection.state
 
 
 # ----------------------------------------------------------------- the auditor
@@ -189,7 +125,7 @@ class Auditor:
         self.main = start.projection if start is not None else Projection()
         self.begin = self.main.state.offset + 1
         seed = (start.projection.state.offset, start.blob) if start and start.blob else None
-        self.lagging = _Lagging(source, self.main.state.offset, seed)
+        self.lagging = LaggingFold(source, self.main.state.offset, seed)
         self.report = AuditReport()
         self.expected: dict[str, _Expected] = {}
         self.eviction_pods: dict[str, str] = dict(start.eviction_pods) if start else {}
