@@ -1,12 +1,12 @@
-"""Audit: re-derive every decision of a ledger from the facts and check its digests
-(DESIGN §7 audit, §9 integrity). This module decides; :mod:`.report` says it.
+"""The decision auditor: every decision of a ledger re-derived from the facts
+(DESIGN §7 audit). This module decides; :mod:`.report` says it.
 
 Every record is folded from offset 0: by this pass, or, in a parallel audit, by
 the segment before a snapshot that the next segment starts from once the
 records reproduce it (:func:`.parallel.audit_span`; a snapshot is never
 believed). Each preemption decision is checked against what the reconcilers'
 pure functions (:mod:`quotaledger.projections.plans`) decide on the state the
-decision names as its ``basis`` (a second, lagging fold: :mod:`.lagging`):
+decision names as its ``basis`` (the lagging fold, :mod:`.lagging`):
 
 * ``PreemptionStarted`` — a timer of that cause was armed for the queue and due
   at the decision's ts (quota-decrease: the queue's deadline, with
@@ -21,12 +21,16 @@ decision names as its ``basis`` (a second, lagging fold: :mod:`.lagging`):
 * ``ClocksObserved`` — every clock started owes (starves) at the basis, every
   stopped one does not;
 * ``LedgerDigest`` — its ``state_hash`` is the hash of the state re-derived
-  through ``through``.
+  through ``through`` (its digest: :mod:`.digests`, fed by the same pass).
 
 A decision the projection refused (the one-preemption-per-queue guard, a stale
 epoch) is reported as refused, with the re-derivation's notes, and not flagged.
 
-The digest chain (:class:`.digests.DigestAudit`) is checked in the same pass.
+The rules applied to one state are in :mod:`.checks`; this module picks the
+state for each (the basis, or the fold just before the record), keeps what
+spans records (each preemption's re-derived plan, the pods it requested, when
+each eviction settled) and builds each finding's explanation (in :mod:`.report`'s
+words).
 
 Pure apart from reading records through a callable: no clock, no writes.
 """
@@ -57,12 +61,11 @@ from quotaledger.events.model import (
     kind_of,
 )
 from quotaledger.projections import Projection, rfc3339, state_hash
-from quotaledger.projections.clocks import free_capacity, is_owing, is_starving
 from quotaledger.projections.derive import settle
-from quotaledger.projections.plans import Plan, Victim, comparable_explain, decrease_target
-from quotaledger.projections.state import ProjectedState
+from quotaledger.projections.plans import Plan, Victim
 
-from ..core import EngineCore, Timer, timers
+from ..core import EngineCore
+from .checks import check_victim, clock_problems, due_timer, landing_problems, plan_for
 from .digests import DigestAudit
 from .findings import AuditReport, Finding, Problem
 from .lagging import LaggingFold
@@ -176,7 +179,8 @@ class Auditor:
         if event is not None and isinstance(event, AUDITED):
             finding = self._explain(record, event)
             if isinstance(event, PreemptionStarted):
-                self._landing(record, event, finding)
+                started = self.started_ids
+                finding.problems += landing_problems(self.main.state, record, event, started)
         before = len(self.main.state.rejected)
         settling = self._settling(event)
         if event is None:
@@ -312,27 +316,7 @@ class Auditor:
             return finding
         state = self.lagging.at(basis)
         settle(state)
-        free = free_capacity(state)
-
-        def owes(name: str) -> bool:
-            node = state.quotas.get(name)
-            return node is not None and is_owing(node)
-
-        def starves(uid: str) -> bool:
-            return uid in state.pending_pods and is_starving(state, uid, free)
-
-        for name in sorted(event.owing_started):
-            if not owes(name):
-                finding.problems.append(Problem("did-not-owe", {"name": name, "basis": basis}))
-        for name in event.owing_stopped:
-            if owes(name):
-                finding.problems.append(Problem("still-owed", {"name": name, "basis": basis}))
-        for uid in sorted(event.starving_started):
-            if not starves(uid):
-                finding.problems.append(Problem("not-starving", {"uid": uid, "basis": basis}))
-        for uid in event.starving_stopped:
-            if starves(uid):
-                finding.problems.append(Problem("still-starving", {"uid": uid, "basis": basis}))
+        finding.problems += clock_problems(state, event)
         return finding
 
     # ------------------------------------------------------------ PreemptionStarted
@@ -367,13 +351,15 @@ class Auditor:
             )
             self.expected[event.preemption_id] = _Expected(event.queue, event.cause, None)
             return finding
-        timer = self._due_timer(state, event, record.ts, finding)
+        timer, problem = due_timer(state, event, record.ts)
+        if problem is not None:
+            finding.problems.append(problem)
         holder = state.occupied.get(event.queue)
         if holder is not None:
             finding.problems.append(
                 Problem("occupied", {"queue": event.queue, "holder": holder, "basis": basis})
             )
-        plan = self._plan(state, event, timer)
+        plan = plan_for(state, event, timer)
         self.expected[event.preemption_id] = _Expected(event.queue, event.cause, plan)
         if event.cause == "quota-decrease":
             why = why_decrease(state, event, timer)
@@ -406,97 +392,6 @@ class Auditor:
                 finding.explanation += f" No victim is possible: {plan.reason}."
         return finding
 
-    def _landing(self, record: Record, event: PreemptionStarted, finding: Finding) -> None:
-        """Where the decision lands (the state just before its record) the timer it
-        answers must still be armed and due, and its id never started before
-        (DECISIONS 211): what the projection's guard requires, derived here from
-        the engine's own list of armed timers. A problem here on a decision the
-        projection accepted is one the guard should have refused."""
-        state = self.main.state
-        where = {"offset": record.offset, "cause": event.cause, "queue": event.queue}
-        if event.preemption_id in self.started_ids:
-            finding.problems.append(Problem("id-reused", {**where, "id": event.preemption_id}))
-        if event.queue not in state.quotas:
-            return  # the basis check names the unknown quota
-        matching = [
-            timer
-            for timer in timers(state)
-            if timer.cause == event.cause
-            and timer.queue == event.queue
-            and (event.cause != "reclaim" or timer.pod_uid == (event.pod_uid or ""))
-        ]
-        if not matching:
-            reason = self._why_no_timer(state, event).data["reason"]
-            finding.problems.append(Problem("trigger-gone", {**where, "reason": reason}))
-        elif matching[0].deadline > record.ts:
-            data = {**where, "reason": "early", "deadline": matching[0].deadline}
-            finding.problems.append(Problem("trigger-gone", {**data, "ts": record.ts}))
-        elif (
-            event.cause == "quota-decrease"
-            and matching[0].deadline < record.ts
-            and record.ts > state.ts
-            and event.queue not in state.occupied
-            and not decrease_target(state, event.queue)
-        ):
-            # §8 rule 21 (DECISIONS 14): this record is the first after the
-            # deadline and the target is empty: the fold disarms it right here
-            finding.problems.append(Problem("trigger-gone", {**where, "reason": "empty-target"}))
-
-    def _due_timer(
-        self, state: ProjectedState, event: PreemptionStarted, ts: int, finding: Finding
-    ) -> Timer | None:
-        """The armed timer that justifies the decision, or None (with a problem)."""
-        matching = [
-            timer
-            for timer in timers(state)
-            if timer.cause == event.cause
-            and timer.queue == event.queue
-            and (event.cause != "reclaim" or timer.pod_uid == (event.pod_uid or ""))
-        ]
-        if not matching:
-            finding.problems.append(self._why_no_timer(state, event))
-            return None
-        timer = matching[0]
-        if timer.deadline > ts:
-            finding.problems.append(Problem("early", {"ts": ts, "deadline": timer.deadline}))
-        return timer
-
-    @staticmethod
-    def _why_no_timer(state: ProjectedState, event: PreemptionStarted) -> Problem:
-        settings = state.settings
-        queue = event.queue
-        reason = "not-armed"
-        if event.cause == "quota-decrease":
-            if not settings.quota_preemption_enabled:
-                reason = "quota-preemption-disabled"
-        elif event.cause == "overuse":
-            if not settings.revoke_enabled:
-                reason = "revoke-disabled"
-            elif queue in state.owing_held:
-                reason = "owing-held"
-            else:
-                reason = "not-owing"
-        elif event.cause == "reclaim" and not settings.reclaim_enabled:
-            reason = "reclaim-disabled"
-        return Problem(
-            "no-timer",
-            {"reason": reason, "queue": queue, "cause": event.cause, "basis": event.basis},
-        )
-
-    @staticmethod
-    def _plan(state: ProjectedState, event: PreemptionStarted, timer: Timer | None) -> Plan | None:
-        """The plan the engine computes for this timer on the basis state."""
-        if timer is None:
-            timer = Timer(
-                deadline=0,
-                cause_rank=0,
-                depth_rank=0,
-                queue=event.queue,
-                pod_uid=event.pod_uid or "",
-                cause=event.cause,
-            )
-        return EngineCore(Projection(state)).plan(timer)
-
     # ------------------------------------------------------------ EvictionRequested
 
     def _requested(self, record: Record, event: EvictionRequested, head: str) -> Finding:
@@ -519,7 +414,8 @@ class Auditor:
             expected.requested.append(event.pod_uid)
             victims = expected.plan.victims if expected.plan is not None else []
             if expected.plan is not None:
-                victim = self._check_victim(event, victims, index, finding)
+                victim, problems = check_victim(event, victims, index)
+                finding.problems += problems
         words = [f"{head} evict {event.pod_uid} from {event.queue} ({event.preemption_id})"]
         if victim is not None:
             words.append(": " + explain_words(victim.explain) + releases + ".")
@@ -535,42 +431,6 @@ class Auditor:
             words.append(".")
         finding.explanation = "".join(words)
         return finding
-
-    @staticmethod
-    def _check_victim(
-        event: EvictionRequested, victims: list[Victim], index: int, finding: Finding
-    ) -> Victim | None:
-        order = [v.pod_uid for v in victims]
-        pod = event.pod_uid
-        if index >= len(victims):
-            if pod not in order:
-                finding.problems.append(Problem("not-a-victim", {"pod": pod, "order": order}))
-            else:
-                finding.problems.append(Problem("requested-twice", {"pod": pod}))
-            return None
-        victim = victims[index]
-        if victim.pod_uid != pod:
-            chosen = next((v for v in victims if v.pod_uid == pod), None)
-            data = {"pod": pod, "index": index, "victim": victim.pod_uid, "order": order}
-            if chosen is None:
-                data["victim_explain"] = dict(victim.explain)
-                finding.problems.append(Problem("not-chosen", data))
-                return None
-            finding.problems.append(Problem("out-of-order", data))
-            return chosen
-        if victim.queue != event.queue:
-            finding.problems.append(
-                Problem(
-                    "queue-differs", {"recorded": event.queue, "pod": pod, "queue": victim.queue}
-                )
-            )
-        recorded, derived = comparable_explain(event.explain), comparable_explain(victim.explain)
-        if event.explain and recorded != derived:
-            differing = sorted(
-                key for key in set(recorded) | set(derived) if recorded.get(key) != derived.get(key)
-            )
-            finding.problems.append(Problem("explain-differs", {"keys": differing}))
-        return victim
 
     # ------------------------------------------------------------ outcomes
 
