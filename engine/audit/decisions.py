@@ -554,15 +554,3 @@ class Auditor:
             if finished.preemption_id == preemption_id:
                 return finished.outcome, dict(finished.claimed)
         return None
-
-
-def audit(source: RecordSource, *, digests: Mapping[int, bytes] | None = None) -> AuditReport:
-    """Audit every record ``source(0)`` yields; ``source(n)`` must yield the same
-    records from offset ``n`` (used to refold for an out-of-order basis and to
-    locate a changed record). ``digests`` are ``d(offset)`` values kept elsewhere."""
-    auditor = Auditor(source, digests=digests)
-    for record in source(0):
-        auditor.feed(record)
-        if auditor.stopped:
-            break
-    return auditor.finish()
