@@ -52,8 +52,6 @@ from quotaledger.events.model import (
     EvictionSucceeded,
     FactRejected,
     LedgerDigest,
-    PodRemoved,
-    PodUpserted,
     PreemptionCause,
     PreemptionFinished,
     PreemptionOutcome,
@@ -63,6 +61,7 @@ from quotaledger.events.model import (
 from quotaledger.projections import Projection, rfc3339, state_hash
 from quotaledger.projections.derive import settle
 from quotaledger.projections.plans import Plan, Victim
+from quotaledger.projections.state import FINISHED_KEPT
 
 from ..core import EngineCore
 from .checks import check_victim, clock_problems, due_timer, landing_problems, plan_for
@@ -78,7 +77,7 @@ from .report import (
     why_overuse,
     why_reclaim,
 )
-from .start import SegmentStart, index_before
+from .start import SegmentStart, index_before, settled_between, settling, started_at
 
 #: Decisions that get a paragraph even when the projection accepted them.
 AUDITED = (
@@ -153,10 +152,29 @@ class Auditor:
         self.hash_problems: list[tuple[int, Problem]] = []
         self.next_offset = self.begin
         self.stopped = False
-        #: ids of the PreemptionStarted records the projection accepted (this pass)
+        #: ids of the PreemptionStarted records the projection accepted, and
+        #: eviction id -> offset of the record that gave it its outcome; a
+        #: segment is given both for the records before it (:func:`.start.fold_before`)
+        #: or, from a snapshot, asks the records when a decision needs them
+        #: (:meth:`_started_before`, :meth:`_settled_before`).
         self.started_ids: set[str] = set()
-        #: eviction id -> offset of the record that gave it its outcome (this pass)
         self.settled_at: dict[str, int] = {}
+        self.prefix_known = start is None or start.started_ids is not None
+        if start is not None and start.started_ids is not None:
+            self.started_ids |= start.started_ids
+        if start is not None and start.settled_at is not None:
+            self.settled_at.update(start.settled_at)
+        #: A start from a snapshot: the ids its state holds (running or finished),
+        #: all those accepted before it unless the guard has forgotten some.
+        self.snapshot_ids: set[str] = set()
+        self.snapshot_complete = True
+        if not self.prefix_known:
+            state = self.main.state
+            self.snapshot_ids = set(state.preemptions) | set(state.finished_preemptions)
+            self.snapshot_complete = len(state.finished_preemptions) < FINISHED_KEPT
+        #: preemption id -> offsets of the PreemptionStarted records before a
+        #: segment started from a snapshot (:meth:`_index_prefix`).
+        self.start_offsets: dict[str, list[int]] = {}
 
     def feed(self, record: Record) -> None:
         if self.stopped:
@@ -179,18 +197,22 @@ class Auditor:
         if event is not None and isinstance(event, AUDITED):
             finding = self._explain(record, event)
             if isinstance(event, PreemptionStarted):
+                if event.preemption_id not in self.started_ids and self._started_before(
+                    event.preemption_id
+                ):
+                    self.started_ids.add(event.preemption_id)
                 started = self.started_ids
                 finding.problems += landing_problems(self.main.state, record, event, started)
         before = len(self.main.state.rejected)
-        settling = self._settling(event)
+        settles = settling(self.main.state, event)
         if event is None:
             self.main.apply_record(record)  # records the decoding error as a rejection
         else:
             self.main.apply(record.offset, record.ts, event)
-        if settling is not None:
-            run = self.main.state.evictions.get(settling)
+        if settles is not None:
+            run = self.main.state.evictions.get(settles)
             if run is not None and run.outcome is not None:
-                self.settled_at[settling] = record.offset
+                self.settled_at[settles] = record.offset
         refused = [r for r in self.main.state.rejected[before:] if r.offset == record.offset]
         kind = kind_of(event) if event is not None else peek_kind(record.payload)
         # A FactRejected record is accepted: the rejection it lists is the
@@ -221,17 +243,6 @@ class Auditor:
         self.report.unfinished = sorted(self.main.state.preemptions)
         return self.report
 
-    def _settling(self, event: Event | None) -> str | None:
-        """The running eviction ``event`` may give its outcome (its own outcome
-        record, or the removal or stop of its pod), if any."""
-        state = self.main.state
-        if isinstance(event, EvictionSucceeded | EvictionFailed):
-            run = state.evictions.get(event.eviction_id)
-            return event.eviction_id if run is not None and run.outcome is None else None
-        if isinstance(event, PodRemoved | PodUpserted) and state.evicting_pods:
-            return state.evicting_pods.get(event.uid)
-        return None
-
     def _expected_for(self, preemption_id: str) -> _Expected | None:
         """The re-derived plan of a preemption (started before this segment: re-derived
         now from its ``PreemptionStarted`` record, as the single pass did then)."""
@@ -254,11 +265,39 @@ class Auditor:
         named, as :func:`.start.fold_before` keeps them; what the segment saw
         itself wins."""
         self.indexed = True
-        starts, eviction_pods = index_before(self.source, self.begin)
+        starts, eviction_pods, self.start_offsets = index_before(self.source, self.begin)
         for preemption_id, started in starts.items():
             if preemption_id not in self.expected:
                 self.pending_starts.setdefault(preemption_id, started)
         self.eviction_pods = {**eviction_pods, **self.eviction_pods}
+
+    def _started_before(self, preemption_id: str) -> bool:
+        """Did the projection accept a ``PreemptionStarted`` with this id before
+        the segment? Known when the segment folded the records before it; from a
+        snapshot, its state holds every such id (running, or among the finished
+        the guard keeps) unless the guard has dropped some (DECISIONS 62): then
+        each earlier record with the id is looked up in the lagging fold (the
+        preemption it started runs there from its own offset)."""
+        if self.prefix_known:
+            return False  # all are in started_ids already
+        if preemption_id in self.snapshot_ids:
+            return True
+        if self.snapshot_complete:
+            return False
+        if not self.indexed:
+            self._index_prefix()
+        return started_at(self.lagging, preemption_id, self.start_offsets.get(preemption_id, []))
+
+    def _settled_before(self, evictions: Sequence[str], offset: int) -> dict[str, int]:
+        """Where each of ``evictions`` got its outcome before a segment started from
+        a snapshot, as the single pass sees it (:func:`.start.settling`), for the
+        preemption finishing at ``offset``: only the last :data:`JUDGED_WINDOW`
+        records before it are read (an outcome before them leaves the window
+        too long in any case)."""
+        first = max(0, offset - JUDGED_WINDOW)
+        if self.prefix_known or first >= self.begin:
+            return {}
+        return settled_between(self.lagging, set(evictions), first, self.begin - 1)
 
     # ------------------------------------------------------------ LedgerDigest
 
@@ -533,7 +572,11 @@ class Auditor:
         fact may land in between, or the engine may have read an eviction's
         success before its pod's removal). The recorded outcome, if one of those
         states gives it (DECISIONS 212); else None."""
-        start = max((self.settled_at.get(e, self.begin - 1) for e in evictions), default=-1)
+        settled = self.settled_at
+        missing = [e for e in evictions if e not in settled]
+        if missing and not self.prefix_known:
+            settled = {**self._settled_before(missing, record.offset), **settled}
+        start = max((settled.get(e, -1) for e in evictions), default=-1)
         if not 0 <= start < record.offset or record.offset - start > JUDGED_WINDOW:
             return None
         recorded = (event.outcome, dict(event.claimed))

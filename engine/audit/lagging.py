@@ -12,6 +12,7 @@ snapshot a segment started from).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 
 from quotaledger.events.ledger import Record, RecordSource
 from quotaledger.projections import Projection
@@ -76,3 +77,15 @@ class LaggingFold:
         while buffer and buffer[0].offset <= basis:
             self.projection.apply_record(buffer.popleft())
         return self.projection.state
+
+    def walk(self, first: int, last: int) -> Iterator[Record]:
+        """Fold from ``first`` through ``last`` (which the main fold has passed)
+        one record at a time: each record is yielded before it is folded, so
+        ``projection.state`` is then the state just before it."""
+        self.at(first - 1)
+        apply_record = self.projection.apply_record
+        for record in self.source(first):
+            if record.offset > min(last, self.fed):
+                break
+            yield record
+            apply_record(record)
