@@ -11,7 +11,8 @@ from pathlib import Path
 import aiohttp
 
 from quotaledger.adapters.cli import main as cli_main
-from quotaledger.adapters.http_api import ServeOptions, Server
+from quotaledger.adapters.http.options import ServeOptions
+from quotaledger.adapters.http.server import Server
 from quotaledger.adapters.sqlite_ledger import SqliteLedger
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
