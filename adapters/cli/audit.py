@@ -37,8 +37,7 @@ def parse_digests(values: Sequence[str] | None) -> dict[int, bytes]:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     # Imported here: the auditor and its words take longer to import than a replay runs.
-    from quotaledger.engine.audit import audit
-    from quotaledger.engine.audit_words import report_json, report_text
+    from quotaledger.engine.audit import audit, report_json, report_text
 
     digests = parse_digests(args.digest)
     if args.jobs < 1:
