@@ -1,0 +1,21 @@
+"""Benchmark tooling (DESIGN §1: tooling, not the engine; docs/PERFORMANCE.md).
+
+Nothing outside this package imports it except the ``bench`` command
+(``adapters/cli/bench.py``), which imports only the suite asked for, when it
+runs; tests may import it. Modules:
+
+* :mod:`.workload` — the deterministic workload generator every suite folds;
+* :mod:`.fold` — ``bench fold``: decode, fold, recompute, SQLite, replay and
+  audit through the CLI, the state hash;
+* :mod:`.decide` — ``bench decide``: deadline-to-eviction latency, the
+  follower's rate, ``simulate`` throughput;
+* :mod:`.kafka` — ``bench kafka``: the Kafka ledger against plain aiokafka
+  (and the tansu command line the tests start brokers with);
+* :mod:`.k8s` — ``bench k8s``: the cluster watcher against the stand-in API
+  server;
+* :mod:`.standin` — the stand-in Kubernetes API server (NOT Kubernetes): used by
+  ``bench k8s`` as a process and by the tests in-process;
+* :mod:`.serve` — the ``serve`` figures: the ``/metrics`` scrape
+  (``python -m quotaledger.adapters.bench.serve scrape``) and the load the
+  serve load test drives.
+"""
