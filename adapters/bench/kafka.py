@@ -38,12 +38,12 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # type: ignore[import-untyped]
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
 
-from quotaledger.adapters.workload import BASE_TS, generate
+from quotaledger.adapters.bench.workload import BASE_TS, generate
 from quotaledger.engine.fold_loop import fold
 from quotaledger.events.ledger import Append, Record
 from quotaledger.projections import Projection
 
-from .kafka_ledger import FETCH_BYTES, KafkaLedger, producer_settings
+from ..kafka_ledger import FETCH_BYTES, KafkaLedger, producer_settings
 
 TARGET_LEDGER_VS_RAW = 0.7
 TARGET_REPLAY_VS_SQLITE = 0.9
@@ -193,7 +193,7 @@ async def _ledger(
 
 
 async def _sqlite_replay(records: Sequence[Record], directory: str, round_: int) -> float:
-    from .sqlite_ledger import SqliteLedger
+    from ..sqlite_ledger import SqliteLedger
 
     ledger = await SqliteLedger.open(
         os.path.join(directory, f"bench-{round_}.db"), ledger_id="bench", clock_ms=lambda: BASE_TS

@@ -21,12 +21,12 @@ from typing import Any
 
 import aiohttp
 
-from quotaledger.adapters.workload import generate
+from quotaledger.adapters.bench.workload import generate
 from quotaledger.events.ledger import Append
 
-from .http.options import ServeOptions
-from .http.server import Server
-from .sqlite_ledger import SqliteLedger
+from ..http.options import ServeOptions
+from ..http.server import Server
+from ..sqlite_ledger import SqliteLedger
 
 
 async def _ledger_of(path: Path, quotas: int, pods: int, nodes: int) -> SqliteLedger:
@@ -135,7 +135,7 @@ def scrape_cpu(
     processes on a shared machine) and wall seconds, per scrape."""
     from quotaledger.projections import Projection, settle
 
-    from .http.metrics import FoldStatistics, LedgerPosition, StateCollector
+    from ..http.metrics import FoldStatistics, LedgerPosition, StateCollector
 
     workload = generate(quotas=quotas, pods=pods, nodes=nodes, events=0)
     projection = Projection()
@@ -280,15 +280,15 @@ LOAD_SETUP = [
 
 
 def main() -> None:
-    """``python -m quotaledger.adapters.serve_bench scrape`` prints the scrape figures."""
+    """``python -m quotaledger.adapters.bench.serve scrape`` prints the scrape figures."""
     if sys.argv[1:2] == ["scrape"]:
-        from .cli.common import tune_gc
+        from ..cli.common import tune_gc
 
         tune_gc()  # as `quotaledger serve` runs
         report = {"in_process": scrape_cpu(), "http": asyncio.run(measure_scrape())}
         print(json.dumps(report, indent=2))
     else:
-        print("usage: python -m quotaledger.adapters.serve_bench scrape", file=sys.stderr)
+        print("usage: python -m quotaledger.adapters.bench.serve scrape", file=sys.stderr)
         raise SystemExit(2)
 
 

@@ -1,5 +1,7 @@
 """A stand-in for the Kubernetes API server, written for the tests and for
-``quotaledger bench k8s`` (DESIGN §12).
+``quotaledger bench k8s`` (DESIGN §12). Benchmark and test tooling, not an adapter: it
+lives in ``adapters/bench/`` because ``bench k8s`` runs it as a process; the Kubernetes
+adapter itself (``adapters/kubernetes/``) never imports it.
 
 This is NOT Kubernetes: it is a small aiohttp application that speaks the parts of the
 Kubernetes REST protocol that quotaledger's adapter uses, so the adapter can be tested
@@ -21,7 +23,7 @@ with the real ``kubernetes_asyncio`` client over real sockets. What it does:
 
 The test drives the cluster in-process (:meth:`ApiServer.put`, :meth:`delete`,
 :meth:`compact`, :meth:`drop_watches`, :attr:`evictions`). ``python -m
-quotaledger.adapters.kubernetes.standin --pods N --nodes M --url-file F`` runs it as a process
+quotaledger.adapters.bench.standin --pods N --nodes M --url-file F`` runs it as a process
 with a generated cluster and a churn generator (``POST /bench/churn?rate=R&seconds=S``),
 for the benchmark.
 """

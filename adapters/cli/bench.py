@@ -17,27 +17,27 @@ from .common import Commands, positive_int
 
 
 def _fold(args: argparse.Namespace) -> int:
-    from .. import bench_fold
+    from ..bench import fold
 
-    return bench_fold.main(args)
+    return fold.main(args)
 
 
 def _decide(args: argparse.Namespace) -> int:
-    from .. import bench_decide
+    from ..bench import decide
 
-    return bench_decide.main(args)
+    return decide.main(args)
 
 
 def _k8s(args: argparse.Namespace) -> int:
-    from ..kubernetes import bench as bench_k8s
+    from ..bench import k8s
 
-    return bench_k8s.main(args)
+    return k8s.main(args)
 
 
 def _kafka(args: argparse.Namespace) -> int:
-    from .. import bench_kafka
+    from ..bench import kafka
 
-    return bench_kafka.main(args)
+    return kafka.main(args)
 
 
 #: Each suite: its runner and its default ``--events`` (None: the suite takes none).
