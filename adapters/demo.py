@@ -199,9 +199,9 @@ class DemoOptions:
 
 async def open_demo_ledger(options: DemoOptions, directory: Path, clock: DemoClock) -> Ledger:
     """A new SQLite ledger on the demo clock, or the Kafka URL (through
-    :func:`quotaledger.adapters.ledger_url.open_ledger`, the one opener)."""
-    from .ledger_url import open_ledger
-    from .sqlite_ledger import SqliteLedger
+    :func:`quotaledger.adapters.ledgers.url.open_ledger`, the one opener)."""
+    from .ledgers.sqlite.ledger import SqliteLedger
+    from .ledgers.url import open_ledger
 
     if options.kafka is not None:
         return await open_ledger(options.kafka, create=True)

@@ -25,7 +25,7 @@ import json
 import random
 import sys
 
-from quotaledger.adapters.sqlite_ledger import SqliteLedger, wall_clock_ms
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger, wall_clock_ms
 from quotaledger.events.ledger import Append
 
 

@@ -14,9 +14,9 @@ import sys
 import threading
 import time
 
-from quotaledger.adapters import sqlite_ledger
 from quotaledger.adapters.cli import main
-from quotaledger.adapters.sqlite_ledger import SqliteLedger
+from quotaledger.adapters.ledgers.sqlite import ledger as sqlite_ledger
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 
 sqlite_ledger.SNAPSHOT_PART_BYTES = 500
 _real = SqliteLedger._before_part

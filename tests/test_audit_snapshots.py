@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quotaledger.adapters.cli import main
-from quotaledger.adapters.sqlite_ledger import SqliteLedger
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 from quotaledger.engine.audit import (
     AuditReport,
     audit,

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quotaledger.adapters.cli import main
-from quotaledger.adapters.jsonl import records as jsonl_records
-from quotaledger.adapters.sqlite_ledger import SqliteLedger, _connect_read_only
+from quotaledger.adapters.ledgers.jsonl import records as jsonl_records
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger, _connect_read_only
 from quotaledger.engine.live import LiveEngine, SimulateExecutor
 from quotaledger.engine.restore import restore
 from quotaledger.engine.simulate import Simulation

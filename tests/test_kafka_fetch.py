@@ -1,4 +1,4 @@
-"""The Kafka ledger's read path by Fetch requests (adapters/kafka_fetch.py, DESIGN §10).
+"""The Kafka ledger's read path by Fetch requests (adapters/ledgers/kafka/fetch.py, DESIGN §10).
 
 Record batches are real Kafka bytes built by aiokafka's own batch builder; the
 end-to-end tests publish to a real tansu broker, control batches included (tansu
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quotaledger.adapters.kafka_fetch import Fetched, PartitionFetcher, record_batches
-from quotaledger.adapters.kafka_ledger import GapJudge, KafkaLedger, LedgerGap, sequence
+from quotaledger.adapters.ledgers.kafka.fetch import Fetched, PartitionFetcher, record_batches
+from quotaledger.adapters.ledgers.kafka.ledger import GapJudge, KafkaLedger, LedgerGap, sequence
 from quotaledger.events.codec import decode_event
 from quotaledger.events.ledger import Append, LedgerError, LedgerMismatch, Record, Snapshot
 from quotaledger.events.model import FactRejected

@@ -26,8 +26,8 @@ from collections.abc import AsyncIterator, Iterator
 import msgspec
 import pytest
 
-from quotaledger.adapters import kafka_ledger
-from quotaledger.adapters.kafka_ledger import KafkaLedger, LedgerGap
+from quotaledger.adapters.ledgers.kafka import ledger as kafka_ledger
+from quotaledger.adapters.ledgers.kafka.ledger import KafkaLedger, LedgerGap
 from quotaledger.engine.live import LiveEngine, ReadBackError, SimulateExecutor
 from quotaledger.events.ledger import Append, LedgerError, Record
 from tests.kafka_batches import batch_bytes, publish_raw

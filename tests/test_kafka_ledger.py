@@ -16,9 +16,9 @@ from typing import Any, NamedTuple
 import pytest
 from aiokafka import AIOKafkaProducer  # type: ignore[import-untyped]
 
-from quotaledger.adapters.kafka_ledger import GapJudge, KafkaLedger, LedgerGap, value_ts
-from quotaledger.adapters.kafka_ledger import sequence as sequence_messages
-from quotaledger.adapters.ledger_url import LedgerUrlError, open_ledger, parse_ledger_url
+from quotaledger.adapters.ledgers.kafka.ledger import GapJudge, KafkaLedger, LedgerGap, value_ts
+from quotaledger.adapters.ledgers.kafka.ledger import sequence as sequence_messages
+from quotaledger.adapters.ledgers.url import LedgerUrlError, open_ledger, parse_ledger_url
 from quotaledger.events.ledger import Append, LedgerError, LedgerMismatch, Record
 from quotaledger.projections import Projection, state_json
 from tests.cli_process import cli

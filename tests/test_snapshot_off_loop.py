@@ -36,7 +36,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quotaledger.adapters.cli import main as cli_main
-from quotaledger.adapters.sqlite_ledger import SqliteLedger
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 from quotaledger.engine import live
 from quotaledger.engine.live import LiveEngine, SimulateExecutor
 from quotaledger.engine.restore import restore, verify_snapshot

@@ -17,7 +17,7 @@ from quotaledger.events.codec import EventError, decode_event, peek_kind
 from quotaledger.events.digest import parse_digest
 from quotaledger.events.ledger import RecordSource
 
-from ..record_sources import with_record_source
+from ..ledgers.sources import with_record_source
 from .common import LEDGER_HELP, Commands, UserError, ledger_arg, print_json, progress_meter
 
 

@@ -34,7 +34,7 @@ from quotaledger.projections.available import reported_available
 from quotaledger.projections.snapshot import dump, load
 from quotaledger.projections.view import quota_view
 
-from ..record_sources import ledger_record_source
+from ..ledgers.sources import ledger_record_source
 from .documents import ENCODER, JSON, ApiError, json_response, record_document, tree_document
 from .gate import GatedLedger
 from .metrics import LedgerPosition, StateCollector

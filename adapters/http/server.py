@@ -32,7 +32,7 @@ from quotaledger.events.ledger import Ledger, Record
 from quotaledger.projections import ProjectedState, settle
 
 from ..kubernetes.options import ClusterOptions
-from ..ledger_url import open_ledger
+from ..ledgers.url import open_ledger
 from .documents import errors
 from .gate import GatedLedger
 from .metrics import FoldStatistics, LedgerPosition, StateCollector

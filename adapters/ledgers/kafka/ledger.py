@@ -36,7 +36,7 @@ Rules this backend keeps, whatever the broker:
   a duplicate decision (decisions are idempotent by id).
 
 Snapshots live in a local SQLite file (``snapshots=PATH``), keyed by ledger_id
-(:mod:`quotaledger.adapters.snapshot_store`); without one, ``save_snapshot`` is
+(:mod:`quotaledger.adapters.ledgers.sqlite.snapshots`); without one, ``save_snapshot`` is
 a no-op and ``load_snapshot`` finds nothing.
 
 A handle opened ``read_only`` (the read-only commands, DESIGN §9) writes
@@ -69,8 +69,8 @@ from quotaledger.events.codec import EventError, decode_event, encode_event
 from quotaledger.events.ledger import Append, LedgerError, LedgerMismatch, Record, Snapshot
 from quotaledger.events.model import FactRejected, LedgerOpened
 
-from .kafka_fetch import FETCH_BYTES, Fetched, Message, PartitionFetcher
-from .snapshot_store import SnapshotStore
+from ..sqlite.snapshots import SnapshotStore
+from .fetch import FETCH_BYTES, Fetched, Message, PartitionFetcher
 
 __all__ = [
     "FETCH_BYTES",

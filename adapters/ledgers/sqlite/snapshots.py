@@ -30,7 +30,7 @@ import msgspec
 
 from quotaledger.events.ledger import LedgerError, Snapshot
 
-from .sqlite_ledger import READ_ONLY_PARAMS, _connect, _write_transaction
+from .ledger import READ_ONLY_PARAMS, _connect, _write_transaction
 
 __all__ = ["SnapshotStore"]
 

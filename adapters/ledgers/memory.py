@@ -16,9 +16,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from .codec import encode_event
-from .ledger import Append, LedgerError, LedgerMismatch, Record, Snapshot
-from .model import LedgerOpened
+from quotaledger.events.codec import encode_event
+from quotaledger.events.ledger import Append, LedgerError, LedgerMismatch, Record, Snapshot
+from quotaledger.events.model import LedgerOpened
 
 __all__ = ["MemoryLedger", "MemoryLog"]
 

@@ -9,7 +9,7 @@ is written here once:
   thread); any other backend (Kafka, memory) is read once, whole: an audit
   reads every record anyway, some ranges twice.
 * :func:`jsonl_file_records`: a JSONL file as the records of a ledger, an
-  export keeping its offsets (:func:`quotaledger.adapters.jsonl.records` with
+  export keeping its offsets (:func:`quotaledger.adapters.ledgers.jsonl.records` with
   ``export``).
 * :func:`with_record_source`: a LEDGER (a path, ``sqlite:///PATH``,
   ``kafka://...``) or a JSONL file, opened around the work that reads it.
@@ -30,7 +30,7 @@ from typing import Protocol, TypeVar
 from quotaledger.events.ledger import Ledger, Record, RecordSource
 
 from .jsonl import is_jsonl_path, open_jsonl, records
-from .ledger_url import is_kafka_url, open_ledger
+from .url import is_kafka_url, open_ledger
 
 __all__ = [
     "Meter",
@@ -60,7 +60,7 @@ MeterFor = Callable[[int], Meter]
 async def ledger_record_source(ledger: Ledger) -> RecordSource:
     """The records of an open ledger (see the module docstring): read lazily from
     a SQLite ledger while it stays open, else read whole here, once."""
-    from .sqlite_ledger import SqliteLedger  # here: sqlite3 is not needed to read a JSONL file
+    from .sqlite.ledger import SqliteLedger  # here: sqlite3 is not needed to read a JSONL file
 
     if isinstance(ledger, SqliteLedger):
         iter_batches = ledger.iter_batches

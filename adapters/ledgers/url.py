@@ -203,7 +203,7 @@ async def open_ledger(
     """
     parsed = parse_ledger_url(url)
     if parsed.scheme == "sqlite":
-        from .sqlite_ledger import SqliteLedger, wall_clock_ms
+        from .sqlite.ledger import SqliteLedger, wall_clock_ms
 
         if snapshots is not None:
             raise LedgerUrlError(
@@ -227,7 +227,7 @@ async def open_ledger(
 
             return await SqliteLedger.open(parsed.path, create=create, clock_ms=opening_clock)
         return await SqliteLedger.open(parsed.path, create=create, clock_ms=clock)
-    from .kafka_ledger import KafkaLedger
+    from .kafka.ledger import KafkaLedger
 
     kwargs: dict[str, Any] = {}
     if clock_ms is not None:
