@@ -43,7 +43,9 @@ from quotaledger.engine.fold_loop import fold
 from quotaledger.events.ledger import Append, Record
 from quotaledger.projections import Projection
 
-from .ledgers.kafka.ledger import FETCH_BYTES, KafkaLedger, producer_settings
+from .ledgers.kafka.fetch import FETCH_BYTES
+from .ledgers.kafka.ledger import KafkaLedger
+from .ledgers.kafka.topic import producer_settings
 
 TARGET_LEDGER_VS_RAW = 0.7
 TARGET_REPLAY_VS_SQLITE = 0.9

@@ -32,7 +32,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from quotaledger.adapters.ledgers.kafka.ledger import LedgerGap as KafkaLedgerGap
+from quotaledger.adapters.ledgers.kafka.walk import LedgerGap as KafkaLedgerGap
 from quotaledger.engine.restore import restore
 from quotaledger.events.codec import decode_event, encode_event
 from quotaledger.events.digest import DigestChain

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from quotaledger.adapters.cli import main
 from quotaledger.adapters.ledgers.jsonl import records as jsonl_records
-from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger, _connect_read_only
+from quotaledger.adapters.ledgers.sqlite.connection import connect_read_only
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 from quotaledger.engine.live import LiveEngine, SimulateExecutor
 from quotaledger.engine.restore import restore
 from quotaledger.engine.simulate import Simulation
@@ -556,7 +557,7 @@ def test_read_only_fallback_to_immutable(
     """The URI fallback itself: when ``mode=ro`` cannot open (here: forced with a VFS
     that does not exist), ``immutable=1`` reads the file."""
     ledger = _ledger_in(tmp_path / "d", capsys)
-    conn, params = _connect_read_only(
+    conn, params = connect_read_only(
         str(ledger), 1000, tries=("mode=ro&vfs=no-such-vfs", "mode=ro&immutable=1")
     )
     assert params == "mode=ro&immutable=1"

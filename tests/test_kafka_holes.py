@@ -26,8 +26,9 @@ from collections.abc import AsyncIterator, Iterator
 import msgspec
 import pytest
 
-from quotaledger.adapters.ledgers.kafka import ledger as kafka_ledger
-from quotaledger.adapters.ledgers.kafka.ledger import KafkaLedger, LedgerGap
+from quotaledger.adapters.ledgers.kafka import reader as kafka_reader
+from quotaledger.adapters.ledgers.kafka.ledger import KafkaLedger
+from quotaledger.adapters.ledgers.kafka.walk import LedgerGap
 from quotaledger.engine.live import LiveEngine, ReadBackError, SimulateExecutor
 from quotaledger.events.ledger import Append, LedgerError, Record
 from tests.kafka_batches import batch_bytes, publish_raw
@@ -158,7 +159,9 @@ async def test_a_later_batch_readable_first_is_waited_for(
                 range(10, 14)
             )
             await until(
-                lambda: all(f.ledger.hole_waits or f.error or f.offset > 5 for f in followers),
+                lambda: all(
+                    f.ledger.reads.hole_waits or f.error or f.offset > 5 for f in followers
+                ),
                 30,
                 "a wait at offset 6",
             )
@@ -166,7 +169,7 @@ async def test_a_later_batch_readable_first_is_waited_for(
             for follower in followers:
                 assert follower.error is None, follower.error
                 assert follower.offset == 5, [r.offset for r in follower.records]
-                assert follower.ledger.hole_waits == 1
+                assert follower.ledger.reads.hole_waits == 1
             proxy.hide = None
             for follower in followers:
                 await follower.until(13)
@@ -221,12 +224,12 @@ async def test_the_wait_ends_in_a_gap_or_a_logged_fill(
                 assert "offsets 4..5 held no record for" in caplog.text
                 assert "while offset 6 was readable" in caplog.text
                 # judged once per handle: a second read fills at once
-                started, waits = time.monotonic(), filling.hole_waits
+                started, waits = time.monotonic(), filling.reads.hole_waits
                 again: list[Record] = []
                 async for batch in filling.read(0):
                     again.extend(batch)
                 assert again == records and time.monotonic() - started < 0.5
-                assert filling.hole_waits == waits
+                assert filling.reads.hole_waits == waits
             finally:
                 await filling.close()
         finally:
@@ -240,7 +243,7 @@ async def test_a_paused_broker_does_not_count_as_patience(
     broker paused (SIGSTOP, a long GC pause) with a write in flight resumes and
     stores it; the pause must not count, or the first fetch after it would fill
     offsets that are about to be readable (DECISIONS 200)."""
-    monkeypatch.setattr(kafka_ledger, "HOLE_SEEN_GAP_S", 0.5)
+    monkeypatch.setattr(kafka_reader, "HOLE_SEEN_GAP_S", 0.5)
     async with proxy_for(proxied) as proxy:
         writer = await KafkaLedger.open(proxied.bootstrap, topic, opened_at_ms=0)
         follower = Follower(
@@ -254,7 +257,7 @@ async def test_a_paused_broker_does_not_count_as_patience(
             proxy.hide = hiding_offsets(2, 3)
             await writer.append([Append(fact("late"))])  # 2
             await writer.append([Append(fact("after"))])  # 3
-            await until(lambda: follower.ledger.hole_waits, 30, "a wait at offset 2")
+            await until(lambda: follower.ledger.reads.hole_waits, 30, "a wait at offset 2")
             assert proxied.proc is not None
             os.kill(proxied.proc.pid, signal.SIGSTOP)
             try:
@@ -325,12 +328,12 @@ async def test_opening_looks_at_record_0_only(proxied: ProxiedTansu, topic: str)
                     proxied.bootstrap, topic, create=False, poll_ms=20, gap_patience_s=3600
                 )
             # the opening did not even see the skip (it walks record 0 only)
-            assert reader.hole_waits == 0
+            assert reader.reads.hole_waits == 0
             follower = Follower(reader)
             try:
                 assert reader.ledger_id == writer.ledger_id
                 await follower.until(1)
-                await until(lambda: reader.hole_waits, 30, "a wait at offset 2")
+                await until(lambda: reader.reads.hole_waits, 30, "a wait at offset 2")
                 assert follower.offset == 1
                 proxy.hide = None
                 await follower.until(4)
@@ -508,7 +511,7 @@ async def test_readers_follow_three_concurrent_producers_identically(
             assert fresh[offset].payload == value, offset
         for follower in followers:
             assert follower.records[: last + 1] == fresh
-        waits = [f.ledger.hole_waits for f in followers]
+        waits = [f.ledger.reads.hole_waits for f in followers]
         print(f"\n{len(acked)} records from {PRODUCERS} producers; reader waits at skips: {waits}")
     finally:
         for follower in followers:

@@ -196,7 +196,8 @@ class Gate:
         self.reached = threading.Event()
         self.release = threading.Event()
         self.calls = 0
-        real = ledger._before_part
+        rows = ledger._snapshots
+        real = rows.before_part
 
         def before_part(cancel: threading.Event) -> None:
             self.calls += 1
@@ -205,7 +206,7 @@ class Gate:
                 self.release.wait(60)
             real(cancel)
 
-        ledger._before_part = before_part  # type: ignore[method-assign]
+        rows.before_part = before_part  # type: ignore[method-assign]
 
     async def wait(self) -> None:
         assert await asyncio.to_thread(self.reached.wait, 60), "the writer never got there"

@@ -1,18 +1,26 @@
-"""Snapshots of a ledger kept in a local SQLite file, keyed by ledger_id (DESIGN §10).
+"""Snapshots in SQLite: the SQLite ledger's own, and a Kafka ledger's local file (DESIGN §9, §10).
 
-A Kafka topic cannot hold the engine's snapshots next to the records, so a Kafka
-ledger keeps them in a file given with ``--snapshots PATH``. One file may hold
-the snapshots of several ledgers: rows are keyed by ``(ledger_id, offset)``, and
-a ledger only ever sees its own, so a snapshot can never be applied to another
-history (§3).
+**The SQLite ledger's snapshots** (:class:`SnapshotRows`) live in its file, in
+``snapshots`` and ``snapshot_parts`` (:mod:`.schema`). They are written on a
+thread and connection of their own, never through the appends' writer: a blob
+longer than :data:`SNAPSHOT_PART_BYTES` goes in parts, one short transaction
+each, and before each part the writer waits until no append of the ledger is
+queued or committing, so an append waits at most for the one part being
+written, never for the snapshot. The row that makes the snapshot visible is
+written last, in one transaction: a reader (one read transaction for the row
+and its parts) finds the snapshot whole or not at all (DECISIONS 241).
 
-The file reuses the SQLite ledger's connection and write-lock helpers (WAL,
-jittered busy retry): several engines may share it. Each row keeps the whole
-:class:`~quotaledger.events.ledger.Snapshot` struct as MessagePack, so fields
-added to it later (digest, state hash) are stored without a schema change, plus
-``ts``, the ledger time of the snapshot's last record, which a Kafka reader needs
-to keep clamping ts from there (§3).
-
+**A Kafka ledger's snapshots** (:class:`SnapshotStore`) live in a local SQLite
+file given with ``--snapshots PATH``, keyed by ledger_id: a Kafka topic cannot
+hold the engine's snapshots next to the records. One file may hold the
+snapshots of several ledgers: rows are keyed by ``(ledger_id, offset)``, and a
+ledger only ever sees its own, so a snapshot can never be applied to another
+history (§3). The file is written through the same connection and write-lock
+helpers (:mod:`.connection`: WAL, jittered busy retry), so several engines may
+share it. Each row keeps the whole :class:`~quotaledger.events.ledger.Snapshot`
+struct as MessagePack, so fields added to it later (digest, state hash) are
+stored without a schema change, plus ``ts``, the ledger time of the snapshot's
+last record, which a Kafka reader needs to keep clamping ts from there (§3).
 Opened ``read_only`` (the read-only commands, DESIGN §9), the file is read
 through a query-only connection that never writes to it (not even its schema or
 WAL setting), as the SQLite ledger reads a file on a read-only medium; ``save``
@@ -24,15 +32,294 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import threading
+import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import msgspec
 
 from quotaledger.events.ledger import LedgerError, Snapshot
 
-from .ledger import READ_ONLY_PARAMS, _connect, _write_transaction
+from .connection import (
+    READ_ONLY_PARAMS,
+    as_bytes,
+    connect,
+    retry_busy,
+    text_or_none,
+    write_transaction,
+)
+from .schema import PARTS_COLUMN, PARTS_TABLE, SNAPSHOT_META, snapshot_columns, upgrade_snapshots
 
-__all__ = ["SnapshotStore"]
+__all__ = ["SNAPSHOT_PART_BYTES", "SnapshotRows", "SnapshotStore"]
+
+#: A snapshot blob longer than this is stored in parts of this size, one
+#: short transaction each (DECISIONS 241).
+SNAPSHOT_PART_BYTES = 1024 * 1024
+#: How long a part waits for the ledger's queued appends before it goes anyway.
+_PART_YIELD_S = 0.25
+_INSERT_PART = "INSERT INTO snapshot_parts (token, part, offset, data) VALUES (?, ?, ?, ?)"
+
+
+class _SnapshotStopped(Exception):
+    """A snapshot write stopped before its next part (cancelled, or closing)."""
+
+
+class SnapshotRows:
+    """The snapshots of one SQLite ledger file (see the module docstring).
+
+    ``reader`` is the ledger's query-only connection (reads run on the caller's
+    thread); ``appends_idle`` is set while no append of the ledger is queued or
+    being committed: a part waits for it.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        reader: sqlite3.Connection,
+        appends_idle: threading.Event,
+        busy_timeout_ms: int,
+    ) -> None:
+        self.path = path
+        self._rconn = reader
+        self._appends_idle = appends_idle
+        self._busy_timeout_ms = busy_timeout_ms
+        #: The writes' own thread and connection, opened on first use.
+        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._closing = threading.Event()
+        #: Blobs longer than this are stored in parts (DECISIONS 241).
+        self.part_bytes = SNAPSHOT_PART_BYTES
+
+    # ------------------------------------------------------------------ write
+
+    async def save(self, snapshot: Snapshot) -> None:
+        """Store ``snapshot`` (replacing one at the same offset): its parts, then
+        its row. If the caller is cancelled or :meth:`close` is called, the write
+        stops before its next part and the snapshot stays absent."""
+        if not isinstance(snapshot.blob, bytes):
+            raise TypeError(f"Snapshot.blob must be bytes, not {type(snapshot.blob).__name__}")
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="sqlite-snapshots"
+            )
+        loop = asyncio.get_running_loop()
+        cancel = threading.Event()
+        try:
+            await loop.run_in_executor(self._executor, self._save, snapshot, cancel)
+        except asyncio.CancelledError:
+            cancel.set()  # the thread stops before its next part
+            raise
+        except _SnapshotStopped:
+            raise LedgerError(
+                f"saving a snapshot to {self.path} stopped: the ledger is closing"
+            ) from None
+        except (sqlite3.Error, ValueError) as exc:  # ValueError: a damaged schema
+            raise LedgerError(f"saving a snapshot to {self.path} failed: {exc}") from None
+
+    def _save(self, snapshot: Snapshot, cancel: threading.Event) -> None:
+        """Snapshot thread: the parts, then the row (see :meth:`save`)."""
+        if self._conn is None:
+            self._conn = connect(self.path, "rw", 0)
+            self._conn.execute("PRAGMA synchronous = NORMAL")
+        conn, timeout = self._conn, self._busy_timeout_ms
+        size = max(1, self.part_bytes)
+        blob = memoryview(snapshot.blob)
+        parts: tuple[str, int] | None = None
+        if len(blob) > size:
+            token = f"{snapshot.offset}-{uuid.uuid4().hex}"
+            retry_busy(timeout, conn.execute, PARTS_TABLE)
+            count = 0
+            for start in range(0, len(blob), size):
+                self.before_part(cancel)
+                # one statement, its own transaction: one call into SQLite per
+                # part (each call waits for the GIL again, up to 5 ms while the
+                # event loop's thread is busy)
+                retry_busy(
+                    timeout,
+                    conn.execute,
+                    _INSERT_PART,
+                    (token, count, snapshot.offset, blob[start : start + size]),
+                )
+                count += 1
+            parts = (token, count)
+        self.before_part(cancel)
+        write_transaction(conn, timeout, _insert_snapshot, snapshot, parts)
+
+    def before_part(self, cancel: threading.Event) -> None:
+        """Snapshot thread: stop if asked; else let the ledger's queued appends
+        commit first (for at most ``_PART_YIELD_S``)."""
+        deadline = time.monotonic() + _PART_YIELD_S
+        while True:
+            if cancel.is_set() or self._closing.is_set():
+                raise _SnapshotStopped
+            if self._appends_idle.wait(0.005) or time.monotonic() >= deadline:
+                break
+        if cancel.is_set() or self._closing.is_set():
+            raise _SnapshotStopped
+
+    # ------------------------------------------------------------------- read
+
+    def load(self, at_most: int | None) -> Snapshot | None:
+        """The newest snapshot whose offset is ``<= at_most`` (the newest if None)."""
+        if at_most is None:
+            return self._select("ORDER BY offset DESC LIMIT 1", ())
+        return self._select("WHERE offset <= ? ORDER BY offset DESC LIMIT 1", (at_most,))
+
+    def at(self, offset: int) -> Snapshot | None:
+        """The snapshot at exactly ``offset``, if any."""
+        return self._select("WHERE offset = ?", (offset,))
+
+    def sizes(self) -> list[tuple[int, int]]:
+        """``(offset, blob length)`` of the snapshots that store a digest and a state
+        hash (the only ones a reader may use), by offset; the blobs are not read."""
+        try:
+            columns = snapshot_columns(self._rconn)
+            if not columns >= set(SNAPSHOT_META):
+                return []
+            size = "length(blob)"
+            if PARTS_COLUMN in columns:
+                size = (
+                    "CASE WHEN parts IS NULL THEN length(blob) ELSE (SELECT sum(length(data))"
+                    " FROM snapshot_parts p WHERE p.token = snapshots.parts) END"
+                )
+            rows = self._rconn.execute(
+                f"SELECT offset, {size} FROM snapshots WHERE digest IS NOT NULL"
+                " AND state_hash IS NOT NULL ORDER BY offset"
+            ).fetchall()
+        except (sqlite3.Error, ValueError) as exc:
+            raise LedgerError(f"reading the snapshots of {self.path} failed: {exc}") from None
+        return [(row[0], row[1]) for row in rows if type(row[0]) is int and type(row[1]) is int]
+
+    def _select(self, where: str, params: tuple[int, ...]) -> Snapshot | None:
+        conn = self._rconn
+        try:
+            conn.execute("BEGIN")  # the row and its parts from one read transaction
+            try:
+                columns = snapshot_columns(conn)
+                has_meta = columns >= set(SNAPSHOT_META)
+                selected = (
+                    "offset, blob, digest, state_hash, checksum" if has_meta else "offset, blob"
+                )
+                with_parts = PARTS_COLUMN in columns
+                if with_parts:
+                    selected += ", parts"
+                rows = conn.execute(f"SELECT {selected} FROM snapshots {where}", params).fetchall()
+                token = text_or_none(rows[0][-1]) if rows and with_parts else None
+                parts = (
+                    conn.execute(
+                        "SELECT data FROM snapshot_parts WHERE token = ? ORDER BY part", (token,)
+                    ).fetchall()
+                    if token is not None
+                    else []
+                )
+            finally:
+                conn.execute("COMMIT")
+        except (sqlite3.Error, ValueError) as exc:
+            raise LedgerError(f"reading a snapshot from {self.path} failed: {exc}") from None
+        if not rows:
+            return None
+        row = rows[0]
+        if type(row[0]) is not int or not isinstance(row[1], bytes | str):
+            raise LedgerError(f"the snapshot table of {self.path} is damaged")
+        blob = as_bytes(row[1])
+        if token is not None:
+            if not all(isinstance(part[0], bytes) for part in parts):
+                raise LedgerError(f"the snapshot parts of {self.path} are damaged")
+            blob = b"".join(part[0] for part in parts)
+        meta = [text_or_none(value) for value in row[2:5]] if has_meta else [None] * 3
+        return Snapshot(
+            offset=int(row[0]),
+            blob=blob,
+            digest=meta[0],
+            state_hash=meta[1],
+            checksum=meta[2],
+        )
+
+    # ------------------------------------------------------------------ close
+
+    async def close(self) -> None:
+        """Stop a write under way before its next part; release the thread and
+        the connection. The reader connection is the ledger's to close."""
+        self._closing.set()
+        if self._executor is not None:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._executor, self._close_connection)
+            self._executor.shutdown(wait=True)
+
+    def _close_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _insert_snapshot(
+    conn: sqlite3.Connection, snapshot: Snapshot, parts: tuple[str, int] | None = None
+) -> None:
+    """Inside the transaction: the row that makes ``snapshot`` visible, its blob
+    inline or, with ``parts`` (token, count), in the parts written before.
+
+    Also drops the parts nothing refers to any more: those of the row this one
+    replaces, and those of writes for an older offset that never finished (a
+    crash, a stop). Parts of an unfinished write for this offset or a newer
+    one are left alone: another engine may be writing them."""
+    last = conn.execute("SELECT max(offset) FROM records").fetchall()[0][0]
+    if not 0 <= snapshot.offset <= (-1 if last is None else last):
+        raise LedgerError(
+            f"snapshot offset {snapshot.offset} is outside the ledger (last offset {last})"
+        )
+    columns = snapshot_columns(conn)
+    upgrade_snapshots(conn, columns, parts is not None)  # a file from before the columns
+    has_parts = parts is not None or PARTS_COLUMN in columns
+    token: str | None = None
+    if parts is not None:
+        token, count = parts
+        found = conn.execute(
+            "SELECT count(*), coalesce(sum(length(data)), 0) FROM snapshot_parts WHERE token = ?",
+            (token,),
+        ).fetchall()[0]
+        if (found[0], found[1]) != (count, len(snapshot.blob)):
+            raise LedgerError(
+                f"snapshot {snapshot.offset}: {found[0]} of its {count} parts are stored"
+            )
+    replaced: list[Any] = []
+    if has_parts:
+        replaced = conn.execute(
+            "SELECT parts FROM snapshots WHERE offset = ? AND parts IS NOT NULL",
+            (snapshot.offset,),
+        ).fetchall()
+    values = (
+        snapshot.offset,
+        snapshot.blob if token is None else b"",
+        snapshot.digest,
+        snapshot.state_hash,
+        snapshot.checksum,
+    )
+    if has_parts:
+        conn.execute(
+            "INSERT OR REPLACE INTO snapshots (offset, blob, digest, state_hash, checksum, parts)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (*values, token),
+        )
+        for (value,) in replaced:
+            old = text_or_none(value)
+            if old is not None and old != token:
+                conn.execute("DELETE FROM snapshot_parts WHERE token = ?", (old,))
+        conn.execute(
+            "DELETE FROM snapshot_parts WHERE offset < ? AND token NOT IN"
+            " (SELECT parts FROM snapshots WHERE parts IS NOT NULL)",
+            (snapshot.offset,),
+        )
+    else:
+        conn.execute(
+            "INSERT OR REPLACE INTO snapshots (offset, blob, digest, state_hash, checksum)"
+            " VALUES (?, ?, ?, ?, ?)",
+            values,
+        )
+
+
+# ------------------------------------------------------- a Kafka ledger's snapshot file
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS ledger_snapshots ("
@@ -69,7 +356,7 @@ class SnapshotStore:
         if read_only:
             return cls(fspath, ledger_id, _connect_query_only(fspath), read_only=True)
         try:
-            conn = _connect(fspath, "rwc", 10_000)
+            conn = connect(fspath, "rwc", 10_000)
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute(_SCHEMA)
@@ -96,7 +383,7 @@ class SnapshotStore:
                 row,
             )
 
-        _write_transaction(self._conn, 10_000, insert)
+        write_transaction(self._conn, 10_000, insert)
 
     def load(self, at_most: int | None) -> tuple[Snapshot, int] | None:
         """The newest snapshot of this ledger at or before ``at_most``, with its ts."""
@@ -136,7 +423,7 @@ def _connect_query_only(fspath: str) -> sqlite3.Connection:
     for params in READ_ONLY_PARAMS:
         conn: sqlite3.Connection | None = None
         try:
-            conn = _connect(fspath, params, 10_000)
+            conn = connect(fspath, params, 10_000)
             conn.execute("PRAGMA query_only = ON")
             conn.execute("SELECT count(*) FROM sqlite_master").fetchall()
         except sqlite3.OperationalError as exc:
