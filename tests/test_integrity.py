@@ -26,8 +26,8 @@ from quotaledger.engine.live import LiveEngine, SimulateExecutor
 from quotaledger.engine.restore import restore
 from quotaledger.engine.simulate import Simulation
 from quotaledger.events.codec import encode_event
-from quotaledger.events.digest import GENESIS, DigestChain, LedgerGap
-from quotaledger.events.ledger import Append, Record
+from quotaledger.events.digest import GENESIS, DigestChain
+from quotaledger.events.ledger import Append, LedgerGap, Record
 from quotaledger.events.model import LedgerDigest
 from quotaledger.projections import Projection, state_hash, state_json
 

@@ -17,9 +17,16 @@ from hypothesis import strategies as st
 
 from quotaledger.adapters.ledgers.kafka.fetch import Fetched, PartitionFetcher, record_batches
 from quotaledger.adapters.ledgers.kafka.ledger import KafkaLedger
-from quotaledger.adapters.ledgers.kafka.walk import GapJudge, LedgerGap, sequence
+from quotaledger.adapters.ledgers.kafka.walk import GapJudge, sequence
 from quotaledger.events.codec import decode_event
-from quotaledger.events.ledger import Append, LedgerError, LedgerMismatch, Record, Snapshot
+from quotaledger.events.ledger import (
+    Append,
+    LedgerError,
+    LedgerGap,
+    LedgerMismatch,
+    Record,
+    Snapshot,
+)
 from quotaledger.events.model import FactRejected
 from tests.kafka_batches import batch_bytes, publish_raw
 from tests.tansu import Tansu

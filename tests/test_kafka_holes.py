@@ -28,9 +28,8 @@ import pytest
 
 from quotaledger.adapters.ledgers.kafka import reader as kafka_reader
 from quotaledger.adapters.ledgers.kafka.ledger import KafkaLedger
-from quotaledger.adapters.ledgers.kafka.walk import LedgerGap
 from quotaledger.engine.live import LiveEngine, ReadBackError, SimulateExecutor
-from quotaledger.events.ledger import Append, LedgerError, Record
+from quotaledger.events.ledger import Append, LedgerError, LedgerGap, Record
 from tests.kafka_batches import batch_bytes, publish_raw
 from tests.kafka_hiding_proxy import HidingProxy, ProxiedTansu, hiding_bytes, hiding_offsets
 from tests.tansu import Tansu

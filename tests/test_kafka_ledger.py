@@ -17,10 +17,10 @@ import pytest
 from aiokafka import AIOKafkaProducer  # type: ignore[import-untyped]
 
 from quotaledger.adapters.ledgers.kafka.ledger import KafkaLedger
-from quotaledger.adapters.ledgers.kafka.walk import GapJudge, LedgerGap, value_ts
+from quotaledger.adapters.ledgers.kafka.walk import GapJudge, value_ts
 from quotaledger.adapters.ledgers.kafka.walk import sequence as sequence_messages
 from quotaledger.adapters.ledgers.url import LedgerUrlError, open_ledger, parse_ledger_url
-from quotaledger.events.ledger import Append, LedgerError, LedgerMismatch, Record
+from quotaledger.events.ledger import Append, LedgerError, LedgerGap, LedgerMismatch, Record
 from quotaledger.projections import Projection, state_json
 from tests.cli_process import cli
 from tests.tansu import Tansu

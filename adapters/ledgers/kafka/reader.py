@@ -8,10 +8,10 @@ Rules every read keeps, whatever the broker:
   one, so the reader fetches again from the first missing offset, never past
   it, until the records come, the broker proves them gone (the log start moved
   past them, transaction markers cover them) or ``gap_patience_s`` ends; then
-  it stops with :class:`~.walk.LedgerGap` naming the offsets, after handing out every
+  it stops with a ``LedgerGap`` naming the offsets, after handing out every
   record before them (DECISIONS 204), or with ``gaps=fill`` reads them as
-  fillers (:class:`~.walk.GapJudge`). An offset going back (a broker that lost its log
-  and started again) stops it with :class:`LedgerMismatch`. Record 0 must be
+  fillers (:class:`~.walk.GapJudge`). An offset going back (a broker that lost
+  its log and started again) stops it with ``LedgerMismatch``. Record 0 must be
   ``LedgerOpened`` with this ledger's id, or the reader stops too (a reset topic
   re-initialised by someone else is another history);
 * **ts** of a message is its value's ``at`` when present (and within the bounds
@@ -48,10 +48,10 @@ from typing import Any
 
 from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
 
-from quotaledger.events.ledger import LedgerError, LedgerMismatch, Record
+from quotaledger.events.ledger import LedgerError, LedgerGap, LedgerMismatch, Record
 
 from .fetch import FETCH_BYTES, Fetched, PartitionFetcher
-from .walk import GapJudge, LedgerGap, first_message, opened_id, sequence
+from .walk import GapJudge, first_message, opened_id, sequence
 
 __all__ = ["GAP_PATIENCE_S", "HEAD_FETCH_BYTES", "TAIL_WAIT_MS", "PartitionReads"]
 

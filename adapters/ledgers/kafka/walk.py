@@ -21,14 +21,13 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 
 from quotaledger.events.codec import EventError, decode_event, encode_event
-from quotaledger.events.ledger import LedgerError, LedgerMismatch, Record
+from quotaledger.events.ledger import LedgerError, LedgerGap, LedgerMismatch, Record
 from quotaledger.events.model import FactRejected, LedgerOpened
 
 from .fetch import Fetched, Message
 
 __all__ = [
     "GapJudge",
-    "LedgerGap",
     "first_message",
     "gap_filler",
     "ms_datetime",
@@ -42,10 +41,6 @@ log = logging.getLogger("quotaledger.kafka")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: §9: times lie in 1970-01-01 .. 9000-01-01; an `at` outside is not a ts.
 _MAX_TS = (datetime(9000, 1, 1, tzinfo=UTC) - _EPOCH) // timedelta(milliseconds=1)
-
-
-class LedgerGap(LedgerError):
-    """The partition skips offsets: records were deleted, compacted or are markers."""
 
 
 class _AtOnly(msgspec.Struct, gc=False):
