@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from quotaledger.events.ledger import Append, Ledger
+from quotaledger.events.times import wall_clock_ms
 
 from .http.command import base_url, parse_listen, run_server
 from .http.options import ServeError
@@ -53,7 +54,7 @@ class DemoClock:
 
     speed: float
     wall_start: float = field(default_factory=time.monotonic)
-    epoch_start_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
+    epoch_start_ms: int = field(default_factory=wall_clock_ms)
 
     def __call__(self) -> int:
         return self.epoch_start_ms + int((time.monotonic() - self.wall_start) * 1000 * self.speed)

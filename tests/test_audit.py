@@ -14,7 +14,8 @@ from quotaledger.engine import audit as audit_module
 from quotaledger.engine.audit import Auditor, _Lagging
 from quotaledger.engine.simulate import Simulation
 from quotaledger.events.ledger import Record
-from quotaledger.projections import Projection, rfc3339, state_json
+from quotaledger.events.times import rfc3339
+from quotaledger.projections import Projection, state_json
 
 REPO = Path(__file__).resolve().parent.parent
 QUOTA_DECREASE = REPO / "examples" / "quota-decrease.jsonl"

@@ -49,7 +49,8 @@ from quotaledger.events.model import (
     QuotaUpserted,
     SettingsChanged,
 )
-from quotaledger.projections import Projection, guard, rfc3339
+from quotaledger.events.times import rfc3339
+from quotaledger.projections import Projection, guard
 from quotaledger.projections.plans import decrease_target
 from quotaledger.projections.state import ProjectedState
 

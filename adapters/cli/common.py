@@ -32,8 +32,7 @@ from typing import Any, TextIO, TypeAlias
 import msgspec
 
 from quotaledger.engine.fold_loop import Until, parse_until
-from quotaledger.events.times import MAX_DELAY_S
-from quotaledger.projections import rfc3339
+from quotaledger.events.times import MAX_DELAY_S, rfc3339
 
 from ..ledgers.jsonl import is_jsonl_path
 from ..ledgers.url import is_kafka_url, parse_ledger_url

@@ -27,8 +27,9 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from quotaledger.engine.live import LiveEngine, LogExecutor, SimulateExecutor, wall_clock_ms
+from quotaledger.engine.live import LiveEngine, LogExecutor, SimulateExecutor
 from quotaledger.events.ledger import Ledger, Record
+from quotaledger.events.times import wall_clock_ms
 from quotaledger.projections import ProjectedState, settle
 
 from ..kubernetes.options import ClusterOptions

@@ -42,20 +42,16 @@ from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
 from quotaledger.events.codec import encode_event
 from quotaledger.events.ledger import Append, LedgerError, LedgerMismatch, Record, Snapshot
 from quotaledger.events.model import LedgerOpened
+from quotaledger.events.times import wall_clock_ms
 
 from ..sqlite.snapshots import SnapshotStore
 from .reader import GAP_PATIENCE_S, PartitionReads
 from .topic import PRODUCER_BATCH_BYTES, ensure_topic, producer_settings
 from .walk import ms_datetime, opened_id
 
-__all__ = ["KafkaLedger", "wall_clock_ms"]
+__all__ = ["KafkaLedger"]
 
 log = logging.getLogger("quotaledger.kafka")
-
-
-def wall_clock_ms() -> int:
-    """Milliseconds since the epoch by the wall clock."""
-    return time.time_ns() // 1_000_000
 
 
 class KafkaLedger:

@@ -49,7 +49,6 @@ import asyncio
 import os
 import sqlite3
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import starmap
@@ -59,23 +58,19 @@ from typing import Any
 import msgspec
 
 from quotaledger.events.ledger import Append, LedgerError, Record, Snapshot
+from quotaledger.events.times import wall_clock_ms
 
 from .connection import connect, db_payload, write_transaction
 from .opening import check_path, open_read_only, open_read_write
 from .schema import FORMAT, INSERT_RECORD, SCHEMA_VERSION
 from .snapshots import SNAPSHOT_PART_BYTES, SnapshotRows
 
-__all__ = ["FORMAT", "SCHEMA_VERSION", "SNAPSHOT_PART_BYTES", "SqliteLedger", "wall_clock_ms"]
+__all__ = ["FORMAT", "SCHEMA_VERSION", "SNAPSHOT_PART_BYTES", "SqliteLedger"]
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 _SELECT_FROM = "SELECT offset, ts, payload FROM records WHERE offset >= ? ORDER BY offset LIMIT ?"
 _SELECT_TAIL = "SELECT offset, ts FROM records ORDER BY offset DESC LIMIT 1"
-
-
-def wall_clock_ms() -> int:
-    """Milliseconds since the epoch by the wall clock (the default ledger clock)."""
-    return time.time_ns() // 1_000_000
 
 
 class SqliteLedger:
