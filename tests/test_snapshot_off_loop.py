@@ -36,7 +36,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quotaledger.adapters.cli import main as cli_main
+from quotaledger.adapters.ledgers.sqlite import snapshots as snapshots_module
 from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
+from quotaledger.adapters.ledgers.sqlite.snapshots import SnapshotStore
 from quotaledger.engine import live
 from quotaledger.engine.live import LiveEngine, SimulateExecutor
 from quotaledger.engine.restore import restore, verify_snapshot
@@ -329,6 +331,32 @@ async def test_a_missing_part_makes_the_snapshot_unusable_not_wrong(tmp_path: Pa
     assert restored.snapshot is None
     assert any("damaged" in warning for warning in warnings), warnings
     await ledger.close()
+
+
+# ------------------------------------------------------------------ a Kafka ledger's snapshot file
+
+
+async def test_the_kafka_snapshot_file_encodes_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The MessagePack copy of a Kafka ledger's snapshot (tens of MB for a large
+    state) is made on the store's thread, as its insert, never on the loop's."""
+    encoded_on: list[threading.Thread] = []
+    real = snapshots_module._ENCODER
+
+    class Watching:
+        def encode(self, value: Any) -> bytes:
+            encoded_on.append(threading.current_thread())
+            return real.encode(value)
+
+    monkeypatch.setattr(snapshots_module, "_ENCODER", Watching())
+    store = SnapshotStore.open(tmp_path / "snaps.db", "ledger-a")
+    try:
+        await store.save(_snapshot(4, BLOB), ts=1_000)
+        assert encoded_on and threading.current_thread() not in encoded_on
+        assert store.load(None) == (_snapshot(4, BLOB), 1_000)
+    finally:
+        store.close()
 
 
 # ------------------------------------------------------------------ the live engine

@@ -365,17 +365,22 @@ class SnapshotStore:
         return cls(fspath, ledger_id, conn)
 
     async def save(self, snapshot: Snapshot, ts: int) -> None:
-        """Store ``snapshot`` (its last record at ledger time ``ts``)."""
+        """Store ``snapshot`` (its last record at ledger time ``ts``). The
+        MessagePack encoding (a copy of a blob of tens of MB) and the insert run
+        on the store's thread, never on the event loop (DESIGN §6: snapshots
+        stay off the decision path)."""
         if self.read_only:
             raise LedgerError(f"--snapshots {self.path} is open read-only: cannot save a snapshot")
-        row = (self.ledger_id, snapshot.offset, ts, _ENCODER.encode(snapshot))
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._executor, self._save, row)
+            await loop.run_in_executor(self._executor, self._save, snapshot, ts)
         except sqlite3.Error as exc:
             raise LedgerError(f"saving a snapshot to {self.path} failed: {exc}") from None
 
-    def _save(self, row: tuple[str, int, int, bytes]) -> None:
+    def _save(self, snapshot: Snapshot, ts: int) -> None:
+        """Store thread: encode, then insert (the encoder is this thread's alone)."""
+        row = (self.ledger_id, snapshot.offset, ts, _ENCODER.encode(snapshot))
+
         def insert(conn: sqlite3.Connection) -> None:
             conn.execute(
                 "INSERT OR REPLACE INTO ledger_snapshots (ledger_id, offset, ts, snapshot)"
