@@ -343,6 +343,36 @@ async def test_opening_looks_at_record_0_only(proxied: ProxiedTansu, topic: str)
             await writer.close()
 
 
+async def test_a_follower_stops_when_record_0_is_deleted(
+    proxied: ProxiedTansu, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retention (or DeleteRecords) deletes record 0 while a follower idles at
+    the tail: its check of record 0 (DECISIONS 76) finds the log starting at
+    offset 1, and the follower stops with LedgerGap saying so (DECISIONS 271),
+    after every record it had read, instead of warning at every check."""
+    async with proxy_for(proxied) as proxy:
+        writer = await KafkaLedger.open(proxied.bootstrap, topic, opened_at_ms=0)
+        try:
+            assert await writer.append([Append(fact("a")), Append(fact("b"))]) == [1, 2]
+            reader = await KafkaLedger.open(proxied.bootstrap, topic, create=False, poll_ms=20)
+            reader.reads.reset_check_s = 0.1
+            follower = Follower(reader)
+            try:
+                await follower.until(2)
+                proxy.log_start = 1
+                async with asyncio.timeout(20):
+                    await follower.task
+                assert isinstance(follower.error, LedgerGap), follower.error
+                assert "record 0 (LedgerOpened" in str(follower.error)
+                assert "the log now starts at offset 1" in str(follower.error)
+                assert [r.offset for r in follower.records] == [0, 1, 2]
+                assert "cannot check record 0" not in caplog.text
+            finally:
+                await follower.close()
+        finally:
+            await writer.close()
+
+
 # ------------------------------------------------------------------ proven holes
 
 

@@ -238,11 +238,19 @@ class PartitionReads:
     async def verify_head(self) -> None:
         """A follower idle at the tail checks record 0 is still this ledger's:
         a broker that lost its log (memory storage restarted) is detected even
-        when nobody appends. An unreachable broker is not a verdict."""
+        when nobody appends. Record 0 deleted (the log now starts later:
+        retention, ``DeleteRecords``) stops the follower too, with
+        :class:`LedgerGap`: the ledger is no longer whole (§3), and no later
+        check could find it whole again. An unreachable broker is not a verdict."""
         try:
             first = await self.first_record()
         except LedgerMismatch:
             raise
+        except LedgerGap as exc:
+            raise LedgerGap(
+                f"{self.where}: record 0 (LedgerOpened {self.ledger_id}) can no longer be"
+                f" read; refusing to follow a ledger that is not whole: {exc}"
+            ) from None
         except (LedgerError, KafkaError) as exc:
             log.warning("%s: cannot check record 0 (%s)", self.where, exc)
             return
