@@ -399,7 +399,9 @@ class SqliteLedger:
         The row that makes the snapshot visible is written last, in one
         transaction: a reader finds the snapshot whole or not at all. If the
         caller is cancelled or the ledger closed, the write stops before its
-        next part and the snapshot stays absent (DECISIONS 241).
+        next part and the snapshot stays absent (DECISIONS 241). The same
+        transaction drops the snapshots beyond :attr:`snapshot_keep`
+        (DECISIONS 270).
         """
         self._check_open()
         self._check_writable("save a snapshot to")
@@ -413,6 +415,15 @@ class SqliteLedger:
     @snapshot_part_bytes.setter
     def snapshot_part_bytes(self, value: int) -> None:
         self._snapshots.part_bytes = value
+
+    @property
+    def snapshot_keep(self) -> int:
+        """How many snapshots the file keeps; a save drops the extra ones (DECISIONS 270)."""
+        return self._snapshots.keep
+
+    @snapshot_keep.setter
+    def snapshot_keep(self, value: int) -> None:
+        self._snapshots.keep = value
 
     async def load_snapshot(self, at_most: int | None = None) -> Snapshot | None:
         """The newest snapshot whose offset is ``<= at_most`` (the newest if None)."""

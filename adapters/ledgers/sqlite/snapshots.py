@@ -21,6 +21,10 @@ share it. Each row keeps the whole :class:`~quotaledger.events.ledger.Snapshot`
 struct as MessagePack, so fields added to it later (digest, state hash) are
 stored without a schema change, plus ``ts``, the ledger time of the snapshot's
 last record, which a Kafka reader needs to keep clamping ts from there (§3).
+Both keep only the last few snapshots (:data:`KEEP_SNAPSHOTS`, the two newest
+and older ones spread over the ledger: :func:`to_drop`), dropped in the
+transaction that saves a new one (DECISIONS 270): a snapshot is a cache, and a
+large state's tens of MB per snapshot would otherwise grow the file forever.
 Opened ``read_only`` (the read-only commands, DESIGN §9), the file is read
 through a query-only connection that never writes to it (not even its schema or
 WAL setting), as the SQLite ledger reads a file on a read-only medium; ``save``
@@ -52,7 +56,7 @@ from .connection import (
 )
 from .schema import PARTS_COLUMN, PARTS_TABLE, SNAPSHOT_META, snapshot_columns, upgrade_snapshots
 
-__all__ = ["SNAPSHOT_PART_BYTES", "SnapshotRows", "SnapshotStore"]
+__all__ = ["KEEP_SNAPSHOTS", "SNAPSHOT_PART_BYTES", "SnapshotRows", "SnapshotStore", "to_drop"]
 
 #: A snapshot blob longer than this is stored in parts of this size, one
 #: short transaction each (DECISIONS 241).
@@ -60,6 +64,28 @@ SNAPSHOT_PART_BYTES = 1024 * 1024
 #: How long a part waits for the ledger's queued appends before it goes anyway.
 _PART_YIELD_S = 0.25
 _INSERT_PART = "INSERT INTO snapshot_parts (token, part, offset, data) VALUES (?, ?, ?, ?)"
+#: How many snapshots a ledger (or a Kafka ledger's snapshot file, per ledger)
+#: keeps; a save that makes more drops the extra ones (:func:`to_drop`, DECISIONS 270).
+KEEP_SNAPSHOTS = 6
+#: The newest snapshots retention never drops.
+_KEEP_NEWEST = 2
+
+
+def to_drop(offsets: list[int], keep: int = KEEP_SNAPSHOTS) -> list[int]:
+    """Which of the snapshots at ``offsets`` retention drops so that ``keep``
+    remain, at least two (DECISIONS 270): never the two newest (a restore
+    starts from the newest); among the older ones, one at a time, the one whose
+    neighbours are nearest each other (ties: the older), so the kept ones stay
+    spread over the ledger, where ``audit --jobs`` cuts its segments."""
+    kept = sorted(set(offsets))
+    dropped: list[int] = []
+    while len(kept) > max(keep, _KEEP_NEWEST):
+
+        def span(i: int) -> tuple[int, int]:
+            return kept[i + 1] - (kept[i - 1] if i > 0 else -1), kept[i]
+
+        dropped.append(kept.pop(min(range(len(kept) - _KEEP_NEWEST), key=span)))
+    return dropped
 
 
 class _SnapshotStopped(Exception):
@@ -91,6 +117,8 @@ class SnapshotRows:
         self._closing = threading.Event()
         #: Blobs longer than this are stored in parts (DECISIONS 241).
         self.part_bytes = SNAPSHOT_PART_BYTES
+        #: How many snapshots the file keeps (DECISIONS 270).
+        self.keep = KEEP_SNAPSHOTS
 
     # ------------------------------------------------------------------ write
 
@@ -145,7 +173,7 @@ class SnapshotRows:
                 count += 1
             parts = (token, count)
         self.before_part(cancel)
-        write_transaction(conn, timeout, _insert_snapshot, snapshot, parts)
+        write_transaction(conn, timeout, _insert_snapshot, snapshot, parts, self.keep)
 
     def before_part(self, cancel: threading.Event) -> None:
         """Snapshot thread: stop if asked; else let the ledger's queued appends
@@ -255,7 +283,10 @@ class SnapshotRows:
 
 
 def _insert_snapshot(
-    conn: sqlite3.Connection, snapshot: Snapshot, parts: tuple[str, int] | None = None
+    conn: sqlite3.Connection,
+    snapshot: Snapshot,
+    parts: tuple[str, int] | None = None,
+    keep: int = KEEP_SNAPSHOTS,
 ) -> None:
     """Inside the transaction: the row that makes ``snapshot`` visible, its blob
     inline or, with ``parts`` (token, count), in the parts written before.
@@ -263,7 +294,8 @@ def _insert_snapshot(
     Also drops the parts nothing refers to any more: those of the row this one
     replaces, and those of writes for an older offset that never finished (a
     crash, a stop). Parts of an unfinished write for this offset or a newer
-    one are left alone: another engine may be writing them."""
+    one are left alone: another engine may be writing them. Then retention:
+    the snapshots beyond ``keep`` go, with their parts (:func:`to_drop`)."""
     last = conn.execute("SELECT max(offset) FROM records").fetchall()[0][0]
     if not 0 <= snapshot.offset <= (-1 if last is None else last):
         raise LedgerError(
@@ -317,6 +349,15 @@ def _insert_snapshot(
             " VALUES (?, ?, ?, ?, ?)",
             values,
         )
+    offsets = [row[0] for row in conn.execute("SELECT offset FROM snapshots").fetchall()]
+    for offset in to_drop([o for o in offsets if type(o) is int], keep):
+        if has_parts:
+            conn.execute(
+                "DELETE FROM snapshot_parts WHERE token IN"
+                " (SELECT parts FROM snapshots WHERE offset = ? AND parts IS NOT NULL)",
+                (offset,),
+            )
+        conn.execute("DELETE FROM snapshots WHERE offset = ?", (offset,))
 
 
 # ------------------------------------------------------- a Kafka ledger's snapshot file
@@ -343,6 +384,8 @@ class SnapshotStore:
         self.read_only = read_only
         self._conn = conn
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot-store")
+        #: How many snapshots of this ledger the file keeps (DECISIONS 270).
+        self.keep = KEEP_SNAPSHOTS
 
     @classmethod
     def open(
@@ -380,6 +423,7 @@ class SnapshotStore:
     def _save(self, snapshot: Snapshot, ts: int) -> None:
         """Store thread: encode, then insert (the encoder is this thread's alone)."""
         row = (self.ledger_id, snapshot.offset, ts, _ENCODER.encode(snapshot))
+        ledger_id, keep = self.ledger_id, self.keep
 
         def insert(conn: sqlite3.Connection) -> None:
             conn.execute(
@@ -387,6 +431,14 @@ class SnapshotStore:
                 " VALUES (?, ?, ?, ?)",
                 row,
             )
+            offsets = conn.execute(
+                "SELECT offset FROM ledger_snapshots WHERE ledger_id = ?", (ledger_id,)
+            ).fetchall()
+            for offset in to_drop([o for (o,) in offsets if type(o) is int], keep):
+                conn.execute(
+                    "DELETE FROM ledger_snapshots WHERE ledger_id = ? AND offset = ?",
+                    (ledger_id, offset),
+                )
 
         write_transaction(self._conn, 10_000, insert)
 
