@@ -81,7 +81,9 @@ class DigestChain:
         if offset != self.through + 1:
             raise LedgerGap(
                 f"record {offset} follows record {self.through}: records are missing"
-                " (removed, or the file is damaged)"
+                " (removed, or the file is damaged)",
+                missing=self.through + 1,
+                found=offset,
             )
         digest = _sha256(self.digest + _HEAD.pack(offset, record.ts) + record.payload).digest()
         self.digest = digest

@@ -54,7 +54,18 @@ class LedgerGap(LedgerError):
     missing, deleted (retention, compaction), damaged, or the offsets hold
     transaction markers. Raised by the digest chain when a record does not
     follow the previous one, and by a Kafka reader at a proven hole, after it
-    has handed out every record before it. One class, whoever finds the gap."""
+    has handed out every record before it. One class, whoever finds the gap.
+
+    ``missing`` is the first offset missing and ``found`` the next offset that
+    holds a record, when the finder knows them (None otherwise).
+    """
+
+    def __init__(
+        self, message: str, *, missing: int | None = None, found: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.missing = missing
+        self.found = found
 
 
 class Snapshot(msgspec.Struct, frozen=True, gc=False):

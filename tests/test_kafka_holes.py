@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import random
@@ -30,6 +31,7 @@ from quotaledger.adapters.ledgers.kafka import reader as kafka_reader
 from quotaledger.adapters.ledgers.kafka.ledger import KafkaLedger
 from quotaledger.engine.live import LiveEngine, ReadBackError, SimulateExecutor
 from quotaledger.events.ledger import Append, LedgerError, LedgerGap, Record
+from tests.cli_process import cli
 from tests.kafka_batches import batch_bytes, publish_raw
 from tests.kafka_hiding_proxy import HidingProxy, ProxiedTansu, hiding_bytes, hiding_offsets
 from tests.tansu import Tansu
@@ -409,6 +411,31 @@ async def test_a_ledger_with_a_proven_hole_opens_and_reads_up_to_it(
     assert [r.offset for r in filled] == list(range(7))
     assert [r.offset for r in filled if r.payload.startswith(FILLER)] == [4, 5]
     assert filled[6].payload == fact("after")
+
+
+async def test_audit_of_a_kafka_ledger_with_a_hole_reports_it_as_a_sqlite_gap(
+    tansu: Tansu, topic: str
+) -> None:
+    """``audit`` of a Kafka ledger whose reader stops at a proven hole (markers at
+    4..5): the records before it are audited, and the hole is reported as a
+    SQLite ledger's missing records are (TAMPERED gap, exit 1), with the
+    reader's reason on stderr; not an error that hides the records' audit."""
+    writer = await KafkaLedger.open(tansu.bootstrap, topic, opened_at_ms=0)
+    try:
+        assert await writer.append([Append(fact(f"a{i}")) for i in range(1, 4)]) == [1, 2, 3]
+        await publish_raw(tansu.bootstrap, topic, batch_bytes(0, [MARKER] * 2, control=True))
+        assert await writer.append([Append(fact("after"))]) == [6]
+    finally:
+        await writer.close()
+    url = tansu.url(topic)
+    done = await asyncio.to_thread(cli, "audit", url, "--json")
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert report["records"] == 4, report
+    assert "offsets 4..5 are transaction markers" in done.stderr
+    text = await asyncio.to_thread(cli, "audit", url)
+    assert text.returncode == 1, text.stderr
+    assert "TAMPERED record 4 is missing: the next record read is 6" in text.stdout
 
 
 async def test_every_record_before_a_proven_hole_is_handed_out(tansu: Tansu, topic: str) -> None:

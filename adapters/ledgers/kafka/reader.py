@@ -249,7 +249,9 @@ class PartitionReads:
         except LedgerGap as exc:
             raise LedgerGap(
                 f"{self.where}: record 0 (LedgerOpened {self.ledger_id}) can no longer be"
-                f" read; refusing to follow a ledger that is not whole: {exc}"
+                f" read; refusing to follow a ledger that is not whole: {exc}",
+                missing=exc.missing,
+                found=exc.found,
             ) from None
         except (LedgerError, KafkaError) as exc:
             log.warning("%s: cannot check record 0 (%s)", self.where, exc)
@@ -279,7 +281,9 @@ class PartitionReads:
             raise LedgerGap(
                 f"{self.where}: offset {position} is no longer in the partition (its log"
                 f" starts at offset {fetched.log_start}): records were deleted by retention"
-                " or compaction; a ledger must be gap-free"
+                " or compaction; a ledger must be gap-free",
+                missing=position,
+                found=fetched.log_start if fetched.log_start > position else None,
             )
         if position <= self.max_offset + 1 and position > 0 and self.max_offset >= 0:
             raise LedgerMismatch(
@@ -299,7 +303,9 @@ class PartitionReads:
                 f"{self.where}: offset {first} is missing: offsets {first}..{nxt - 1} held no"
                 f" record for {waited:.1f} s while offset {nxt} was readable (a write the"
                 " broker lost, or records deleted by retention or compaction); a ledger"
-                " must be gap-free"
+                " must be gap-free",
+                missing=first,
+                found=nxt,
             )
         log.warning(
             "%s: offsets %d..%d held no record for %.1f s while offset %d was readable:"

@@ -134,7 +134,9 @@ class GapJudge:
             self.gap = LedgerGap(
                 f"{self.where}: offsets {first}..{nxt - 1} hold no record and the log now"
                 f" starts at offset {self.log_start}: records were deleted (retention?);"
-                " a ledger must be gap-free"
+                " a ledger must be gap-free",
+                missing=first,
+                found=nxt,
             )
             return False
         if self.covered(first, nxt):
@@ -143,7 +145,9 @@ class GapJudge:
             self.gap = LedgerGap(
                 f"{self.where}: offset {first} is missing (the next record is at offset"
                 f" {nxt}): offsets {first}..{nxt - 1} are transaction markers; a ledger"
-                " must be gap-free (read with gaps=fill to fill them)"
+                " must be gap-free (read with gaps=fill to fill them)",
+                missing=first,
+                found=nxt,
             )
             return False
         return self.fill and first > 0 and self.judged.get(first, -1) >= nxt
@@ -250,7 +254,9 @@ def opened_id(record: Record, where: str) -> str:
     if record.offset != 0:
         raise LedgerGap(
             f"{where}: the first record is at offset {record.offset}, not 0: records were"
-            " deleted (retention?); a ledger must start with LedgerOpened at offset 0"
+            " deleted (retention?); a ledger must start with LedgerOpened at offset 0",
+            missing=0,
+            found=record.offset,
         )
     try:
         event = decode_event(record.payload)
