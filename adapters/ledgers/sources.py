@@ -18,7 +18,7 @@ is written here once:
   ``kafka://...``) or a JSONL file, opened around the work that reads it.
 
 Nothing here writes: a ledger on a read-only medium can be audited (DESIGN §9).
-The SQLite backend is imported when a ledger is read, as :mod:`.ledger_url`
+The SQLite backend is imported when a ledger is read, as :mod:`.url`
 does: reading a JSONL file, and every command's start-up, need no sqlite3.
 """
 
