@@ -32,8 +32,7 @@ from hypothesis import strategies as st
 
 from quotaledger.adapters.cli import main
 from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
-from quotaledger.engine.audit import audit
-from quotaledger.engine.audit_words import report_text
+from quotaledger.engine.audit import audit, report_text
 from quotaledger.engine.core import EngineCore, Timer
 from quotaledger.engine.live import LiveEngine, SimulateExecutor
 from quotaledger.events.codec import decode_event, encode_event

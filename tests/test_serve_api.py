@@ -497,8 +497,7 @@ async def test_record_source_reads_any_ledger_as_the_sqlite_reader_does(tmp_path
     from quotaledger.adapters.http.gate import GatedLedger
     from quotaledger.adapters.ledgers.sources import ledger_record_source as record_source
     from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
-    from quotaledger.engine.audit import audit
-    from quotaledger.engine.audit_words import report_json
+    from quotaledger.engine.audit import audit, report_json
 
     path = await simulate("quota-decrease.jsonl", tmp_path / "l.db")
     ledger = await SqliteLedger.open(str(path), read_only=True)

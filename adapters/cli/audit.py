@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from quotaledger.engine.audit_findings import AuditReport, Problem
 from quotaledger.events.codec import EventError, decode_event, peek_kind
 from quotaledger.events.digest import parse_digest
 from quotaledger.events.ledger import LedgerGap, RecordSource
@@ -28,6 +28,9 @@ from .common import (
     progress_meter,
     warn,
 )
+
+if TYPE_CHECKING:
+    from quotaledger.engine.audit import AuditReport
 
 
 def parse_digests(values: Sequence[str] | None) -> dict[int, bytes]:
@@ -46,8 +49,7 @@ def parse_digests(values: Sequence[str] | None) -> dict[int, bytes]:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     # Imported here: the auditor and its words take longer to import than a replay runs.
-    from quotaledger.engine.audit import audit
-    from quotaledger.engine.audit_words import report_json, report_text
+    from quotaledger.engine.audit import audit, report_json, report_text
 
     digests = parse_digests(args.digest)
     if args.jobs < 1:
@@ -94,6 +96,8 @@ def stopped_at(report: AuditReport, gaps: Sequence[LedgerGap]) -> LedgerGap | No
     a ``gap`` in the damage (TAMPERED, exit 1), with the reader's reason on
     stderr. A gap whose next record is unknown is returned, for the command to
     raise after the report."""
+    from quotaledger.engine.audit import Problem  # loaded by the command already
+
     if not gaps:
         return None
     gap = gaps[0]
