@@ -32,7 +32,8 @@ from quotaledger.events.model import (
     PodRemoved,
     is_fact,
 )
-from quotaledger.projections import Projection, rfc3339, state_json
+from quotaledger.events.times import rfc3339
+from quotaledger.projections import Projection, state_json
 
 from .core import EngineCore
 

@@ -40,7 +40,7 @@ from quotaledger.events.model import (
     QuotaUpserted,
 )
 
-from ..sqlite_ledger import SqliteLedger
+from ..ledgers.sqlite.ledger import SqliteLedger
 from .workload import Workload, generate
 
 DELAY_S = 0.02
