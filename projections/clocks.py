@@ -28,7 +28,7 @@ def owed(node: QuotaNode) -> RL:
     """``min(used, max) − runtime`` per compared resource, where positive (§8 rule 30
     takes ``used − runtime`` as the revoke target; this is the entitlement gap)."""
     cap = node.config.max
-    keys = cap.keys() if cap is not None else node.used.keys() | node.runtime.keys()
+    keys = cap.keys() if cap is not None else sorted(node.used.keys() | node.runtime.keys())
     out: RL = {}
     for key in keys:
         held = node.used.get(key, 0)
