@@ -33,7 +33,7 @@ from quotaledger.events.ledger import Append
 from quotaledger.events.model import EvictionRequested, PreemptionStarted, QuotaUpserted
 
 from .sqlite_ledger import SqliteLedger
-from .workload import generate
+from .workload import Workload, generate
 
 DELAY_S = 0.02
 
@@ -203,13 +203,21 @@ async def _latency(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
     }
 
 
-def _simulate_throughput(args: argparse.Namespace) -> dict[str, Any]:
-    work = generate(args.quotas, args.pods, args.nodes, args.events, args.seed)
+def simulate_lines(work: Workload) -> list[tuple[int, bytes]]:
+    """The day-long scenario ``simulate`` runs: quota-decrease preemption on,
+    revoke after 5 minutes (reclaim at its default), then the workload's
+    nodes, tree, pods and churn."""
     settings = msgspec.json.encode(
         {"kind": "SettingsChanged", "quota_preemption_enabled": True, "revoke_after_s": 300}
     )
     lines = [(work.config[1].ts, settings)]
     lines += [(r.ts, r.payload) for r in [*work.config[1:], *work.pods, *work.churn]]
+    return lines
+
+
+def _simulate_throughput(args: argparse.Namespace) -> dict[str, Any]:
+    work = generate(args.quotas, args.pods, args.nodes, args.events, args.seed)
+    lines = simulate_lines(work)
     simulation = Simulation(ledger_id=f"bench-{args.seed}")
     began = time.perf_counter()
     simulation.run(lines)
