@@ -40,6 +40,7 @@ from quotaledger.projections.plans import (
 )
 from quotaledger.projections.resources import RL, add_into
 from quotaledger.projections.state import EvictionRun, ProjectedState
+from quotaledger.projections.timers import RECLAIM, Entry, TimerIndex, all_timers, timer_index
 
 #: §8 rule 27: at one instant, quota-decrease before overuse before reclaim.
 CAUSE_ORDER: dict[PreemptionCause, int] = {"quota-decrease": 0, "overuse": 1, "reclaim": 2}
@@ -64,34 +65,27 @@ class Timer:
         return (self.cause, self.queue, self.pod_uid, self.deadline)
 
 
+#: Cause by rank (``projections.timers`` entries carry the rank).
+CAUSES: tuple[PreemptionCause, ...] = ("quota-decrease", "overuse", "reclaim")
+
+
+def _timer(entry: Entry) -> Timer:
+    return Timer(entry[0], entry[1], entry[2], entry[3], entry[4], CAUSES[entry[1]])
+
+
+def _key(entry: Entry) -> TimerKey:
+    return (CAUSES[entry[1]], entry[3], entry[4], entry[0])
+
+
 def timers(state: ProjectedState) -> list[Timer]:
-    """Every armed timer whose setting is on, in firing order.
+    """Every armed timer whose setting is on, in firing order (a full listing;
+    the engine's own looks use the state's :class:`~quotaledger.projections.timers.TimerIndex`,
+    which gives the same timers).
 
     Overuse and reclaim deadlines come from the clocks in force, i.e. the
     ``ClocksObserved`` records folded so far (:meth:`EngineCore.observe`
     writes them); a stale clock yields no plan when fired."""
-    settings = state.settings
-    out: list[Timer] = []
-
-    def add(queue: str, deadline: int, cause: PreemptionCause, pod_uid: str = "") -> None:
-        depth = state.quotas[queue].depth if queue in state.quotas else 0
-        out.append(Timer(deadline, CAUSE_ORDER[cause], -depth, queue, pod_uid, cause))
-
-    if settings.quota_preemption_enabled:
-        for queue, deadline in state.decrease_deadlines.items():
-            add(queue, deadline, "quota-decrease")
-    if settings.revoke_enabled:
-        after = round(settings.revoke_after_s * 1000)
-        for queue, since in state.owing_since.items():
-            if queue not in state.owing_held and queue in state.quotas:
-                add(queue, since + after, "overuse")
-    if settings.reclaim_enabled:
-        after = round(settings.reclaim_after_s * 1000)
-        for uid, since in state.starving_since.items():
-            if uid in state.pod_quota and uid not in state.starving_held:
-                add(state.pod_quota[uid], since + after, "reclaim", uid)
-    out.sort()
-    return out
+    return [_timer(entry) for entry in all_timers(state)]
 
 
 @dataclass(slots=True)
@@ -122,19 +116,41 @@ class EngineCore:
     def state(self) -> ProjectedState:
         return self.projection.state
 
+    def _look(self) -> TimerIndex:
+        """The state's timer index, brought up to date; handled timers that are
+        no longer armed are forgotten (DECISIONS 63), as at every look."""
+        state = self.state
+        index = timer_index(state)
+        handled = self.handled
+        if handled:
+            gone = [key for key in handled if not self._armed(index, key)]
+            for key in gone:
+                handled.discard(key)
+        return index
+
+    def _armed(self, index: TimerIndex, key: TimerKey) -> bool:
+        cause, queue, pod_uid, deadline = key
+        rank = CAUSE_ORDER[cause]
+        entry = index.by_source.get((rank, pod_uid if rank == RECLAIM else queue))
+        if entry is None or entry[0] != deadline:
+            return False
+        current = index.fresh(self.state, entry)
+        return current is not None and current[3] == queue
+
     def pending(self) -> list[Timer]:
         """Timers not yet handled, waiting or due, in firing order. Forgets
         handled timers that are no longer armed."""
         state = self.state
-        armed = timers(state)
-        if self.handled:
-            self.handled.intersection_update(timer.key for timer in armed)
-        return [
-            timer
-            for timer in armed
-            if timer.key not in self.handled
-            and timer.queue not in state.occupied  # §8 rule 34: waits for the running one
-        ]
+        index = self._look()
+        occupied = state.occupied
+        handled = self.handled
+        waiting = sorted(
+            entry
+            for entry in index.scan(state)
+            if entry[3] not in occupied  # §8 rule 34: waits for the running one
+            and (not handled or _key(entry) not in handled)
+        )
+        return [_timer(entry) for entry in waiting]
 
     def ready_at(self, timer: Timer) -> int:
         """When ``timer`` may be proposed: its deadline, or later while it backs
@@ -142,19 +158,52 @@ class EngineCore:
         held = self.backoff.get((timer.cause, timer.queue, timer.pod_uid, timer.deadline))
         return timer.deadline if held is None else max(timer.deadline, held[1])
 
+    def _ready_at(self, entry: Entry) -> int:
+        if not self.backoff:
+            return entry[0]
+        held = self.backoff.get(_key(entry))
+        return entry[0] if held is None else max(entry[0], held[1])
+
     def next_deadline(self, before: int | None = None) -> int | None:
         """The earliest time a pending timer may fire (only looking before
-        ``before`` if given)."""
-        waiting = self.pending()
-        if not waiting:
-            return None
-        at = min(self.ready_at(timer) for timer in waiting)
-        if before is not None and at >= before:
-            return None
-        return at
+        ``before`` if given).
+
+        Scans the timers by deadline and stops at the first deadline no
+        earlier than the best time found (a timer is never ready before its
+        deadline), so a look costs the timers passed over, not all of them."""
+        state = self.state
+        index = self._look()
+        occupied = state.occupied
+        handled = self.handled
+        best = before
+        found = False
+        for entry in index.scan(state):
+            if best is not None and entry[0] >= best:
+                break
+            if entry[3] in occupied or (handled and _key(entry) in handled):
+                continue
+            at = self._ready_at(entry)
+            if best is None or at < best:
+                best = at
+                found = True
+        return best if found else None
 
     def due(self, now: int) -> list[Timer]:
-        return [timer for timer in self.pending() if self.ready_at(timer) <= now]
+        """The pending timers ready at ``now``, in firing order."""
+        state = self.state
+        index = self._look()
+        occupied = state.occupied
+        handled = self.handled
+        ready: list[Entry] = []
+        for entry in index.scan(state):
+            if entry[0] > now:
+                break
+            if entry[3] in occupied or (handled and _key(entry) in handled):
+                continue
+            if self._ready_at(entry) <= now:
+                ready.append(entry)
+        ready.sort()
+        return [_timer(entry) for entry in ready]
 
     def plan(self, timer: Timer) -> Plan | None:
         if timer.cause == "quota-decrease":

@@ -22,6 +22,7 @@ from quotaledger.events.model import ClocksObserved
 from .derive import settle
 from .resources import RL
 from .state import BUILTIN, ROOT, ProjectedState, QuotaNode
+from .timers import TimerIndex
 
 
 def owed(node: QuotaNode) -> RL:
@@ -178,7 +179,10 @@ def observation(state: ProjectedState, now: int) -> ClocksObserved | None:
 
 def apply_observation(state: ProjectedState, event: ClocksObserved) -> None:
     """Fold an engine's sample: stops end clocks, starts begin them (the first
-    start wins when two engines sample). Held clocks do not start (§8 rule 29)."""
+    start wins when two engines sample). Held clocks do not start (§8 rule 29).
+
+    The only place a clock starts: it tells the timer index, if the state has
+    one (``projections.timers``), which clocks to look at again."""
     for name in event.owing_stopped:
         state.owing_since.pop(name, None)
     for name, since in event.owing_started.items():
@@ -189,13 +193,26 @@ def apply_observation(state: ProjectedState, event: ClocksObserved) -> None:
     for uid, since in event.starving_started.items():
         if uid in state.pending_pods and uid not in state.starving_held:
             state.starving_since.setdefault(uid, since)
+    index = state.timer_index
+    if isinstance(index, TimerIndex):
+        for name in (*event.owing_stopped, *event.owing_started):
+            index.mark_queue(name)
+        for uid in (*event.starving_stopped, *event.starving_started):
+            index.mark_pod(uid)
 
 
 def release_holds(state: ProjectedState) -> None:
     """A fact arrived: held quotas may start their clocks again at the next sample."""
+    index = state.timer_index
     if state.owing_held:
         state.touched |= state.owing_held
+        if isinstance(index, TimerIndex):
+            for name in state.owing_held:
+                index.mark_queue(name)
         state.owing_held = set()
     if state.starving_held:
         state.touched_pods |= state.starving_held
+        if isinstance(index, TimerIndex):
+            for uid in state.starving_held:
+                index.mark_pod(uid)
         state.starving_held = set()

@@ -264,6 +264,9 @@ class ProjectedState:
     # each parent's children in name order while ``tree_version`` stays the
     # same (key "": the version and the quotas they were listed from)
     sorted_children: dict[str, Any] = field(default_factory=dict)
+    # the armed timers in firing order between an engine's looks
+    # (``projections.timers.TimerIndex``; made by its first reader)
+    timer_index: object = None
     # every quota's numbers, one row each (issue #11; ``QuotaNode.store``)
     columns: QuotaColumns = field(default_factory=QuotaColumns)
     # lazy recompute bookkeeping
