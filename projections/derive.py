@@ -18,6 +18,7 @@ rows, no per-quota dict. The result is identical to a full recomputation
 from __future__ import annotations
 
 import heapq
+from typing import Any
 
 from .columns import QuotaColumns
 from .request import recompute_node
@@ -35,13 +36,39 @@ BULK_MIN_QUOTAS = 1024
 BULK_FRACTION = 8
 
 
-def _children(state: ProjectedState, name: str) -> list[QuotaNode]:
-    """A quota's children in name order (kept while the tree's shape is)."""
+def tree_cache(state: ProjectedState) -> dict[str, Any]:
+    """``state.sorted_children``, emptied when the tree's shape changed: quota
+    name -> its children in name order; ``ROOT`` -> the top quotas (see
+    :func:`top_quotas`); ``""`` -> the version and quotas they were listed from."""
     cache = state.sorted_children
     stamp = cache.get("")
     if stamp is None or stamp[0] != state.tree_version or stamp[1] is not state.quotas:
         cache.clear()
         cache[""] = (state.tree_version, state.quotas)
+    return cache
+
+
+def top_quotas(state: ProjectedState) -> list[QuotaNode]:
+    """The quotas at the top of a tree (root's children and the quotas whose
+    parent does not exist), system and default aside; kept while the tree's
+    shape is (§8 rule 31's free capacity subtracts their used)."""
+    cache = tree_cache(state)
+    out: list[QuotaNode] | None = cache.get(ROOT)
+    if out is None:
+        quotas = state.quotas
+        out = cache[ROOT] = [
+            quotas[name]
+            for parent, names in state.children_of.items()
+            if parent == ROOT or parent not in quotas
+            for name in names
+            if name not in BUILTIN
+        ]
+    return out
+
+
+def _children(state: ProjectedState, name: str) -> list[QuotaNode]:
+    """A quota's children in name order (kept while the tree's shape is)."""
+    cache = tree_cache(state)
     out = cache.get(name)
     if out is None:
         quotas = state.quotas
@@ -85,31 +112,41 @@ def _settle_paths(state: ProjectedState) -> None:
     state.dirty.clear()
     state.touched |= path
     root_changed = False
+    # parents to water-fill again for some resources only: those whose
+    # children's limited requests moved (as the water-fill sees them) or whose
+    # amount to share moved; ``state.refill`` holds those to fill whole
+    partial: dict[str, set[str]] = {}
     for name in sorted(path, key=lambda q: (-quotas[q].depth, q)):
         node = quotas[name]
         if node.sum_log or node.sums_stale:
             flush_sums(state, node)
         children = _children(state, name) if node.config.is_parent else []
-        if recompute_node(state, node, children):
+        changed, moved = recompute_node(state, node, children)
+        if changed:
             parent = node.config.parent
             if parent == ROOT:
                 root_changed = True
                 if name in BUILTIN:
                     state.total_dirty = True
-            elif parent in quotas:
-                state.refill.add(parent)
+                elif moved:
+                    partial.setdefault(ROOT, set()).update(moved)
+            elif parent in quotas and moved:
+                partial.setdefault(parent, set()).update(moved)
         if not node.connected:
             state.columns.clear(_TOP_DOWN, node.row)
     if state.total_dirty:
         total = _cluster_total(state)
-        if total != state.cluster_total:
+        before = state.cluster_total
+        if total != before:
+            partial.setdefault(ROOT, set()).update(
+                key for key in total.keys() | before.keys() if total.get(key) != before.get(key)
+            )
             state.cluster_total = total
             root_changed = True
         state.total_dirty = False
     if root_changed or ROOT in state.refill:
         _root_sums(state)
-        state.refill.add(ROOT)
-    _refill(state)
+    _refill(state, partial)
 
 
 def _cluster_total(state: ProjectedState) -> RL:
@@ -160,14 +197,21 @@ def _root_sums(state: ProjectedState) -> None:
     state.root_usage = usage
 
 
-def _refill(state: ProjectedState) -> None:
+def _refill(state: ProjectedState, partial: dict[str, set[str]] | None = None) -> None:
+    """Water-fill, top-down, every parent in ``state.refill`` (all resources)
+    and in ``partial`` (the resources named), then every child parent whose
+    runtime moved as a result, for the resources that moved. A parent's
+    runtime is an input of its children's fill only for the same resource,
+    so the resources left out keep numbers equal to a fill's (DECISIONS 250)."""
     quotas = state.quotas
+    whole = state.refill
+    partial = {} if partial is None else partial
     heap = [
         (0 if name == ROOT else quotas[name].depth, name)
-        for name in state.refill
+        for name in whole | partial.keys()
         if name == ROOT or (name in quotas and quotas[name].connected)
     ]
-    state.refill.clear()
+    state.refill = set()
     heapq.heapify(heap)
     done: set[str] = set()
     min_scaling = state.settings.min_scaling
@@ -186,12 +230,15 @@ def _refill(state: ProjectedState) -> None:
             total, children = node.row, _children(state, name)
         if not children:
             continue
-        changed = distribute(state, total, children, min_scaling)
+        keys = None if name in whole else partial[name]
+        changed = distribute(state, total, children, min_scaling, keys)
         for child, moved in zip(children, changed, strict=True):
             if moved:
-                state.touched.add(child.config.name)
+                child_name = child.config.name
+                state.touched.add(child_name)
                 if child.config.is_parent:
-                    heapq.heappush(heap, (child.depth, child.config.name))
+                    partial.setdefault(child_name, set()).update(moved)
+                    heapq.heappush(heap, (child.depth, child_name))
 
 
 def recompute_all(state: ProjectedState) -> None:

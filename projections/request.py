@@ -28,13 +28,21 @@ def terms_for(node: QuotaNode) -> Terms:
     return terms
 
 
-def recompute_node(state: ProjectedState, node: QuotaNode, children: list[QuotaNode]) -> bool:
+def recompute_node(
+    state: ProjectedState, node: QuotaNode, children: list[QuotaNode]
+) -> tuple[bool, list[str]]:
     """Refresh one quota's bottom-up numbers, in its row of the state's
     columns, from its pod sums or its children's rows.
 
-    Returns True when any of them changed (its parent reads the limited
+    Returns whether any of them changed (its parent reads the limited
     request, used, subtree, local and usage; min only changes with a
-    configuration, which marks the parent itself).
+    configuration, which marks the parent itself), and the resources whose
+    limited request changed in a way the parent's water-fill sees. A quota
+    that borrowed and stayed below its limited request before and after the
+    change (its runtime under both the old and the new one) is given the same
+    runtime whatever that limited request is, and so is every sibling (§5
+    Runtime step 3: a borrower is capped only where it reaches its limited
+    request), so those resources are left out (DECISIONS 250).
     """
     config = node.config
     terms = terms_for(node)
@@ -47,6 +55,7 @@ def recompute_node(state: ProjectedState, node: QuotaNode, children: list[QuotaN
     config_min = config.min
     child_mins = [child.config.min for child in children] if is_parent else []
     changed = False
+    moved: list[str] = []
     for columns in store.by_key:
         key = columns.key
         if is_parent:
@@ -82,21 +91,26 @@ def recompute_node(state: ProjectedState, node: QuotaNode, children: list[QuotaN
             kept = subtree - lending.get(key, 0)
             if kept > 0:
                 local = kept
+        before = columns.limited_request[row]
         if (
             columns.request[row] != request
-            or columns.limited_request[row] != limited
+            or before != limited
             or columns.used[row] != used
             or columns.subtree[row] != subtree
             or columns.local[row] != local
             or columns.usage[row] != usage
         ):
             changed = True
+            if before != limited:
+                runtime = columns.runtime[row]
+                if not (runtime < before and runtime < limited):
+                    moved.append(key)
             try:
                 _store(columns, row, request, limited, used, subtree, local, usage)
             except OverflowError:
                 store.widen(columns)
                 _store(columns, row, request, limited, used, subtree, local, usage)
-    return changed
+    return changed, moved
 
 
 def _store(
