@@ -19,49 +19,71 @@ from bisect import bisect_right
 
 from quotaledger.events.model import ClocksObserved
 
-from .derive import settle
+from .derive import settle, top_quotas
 from .resources import RL
-from .state import BUILTIN, ROOT, ProjectedState, QuotaNode
+from .state import BUILTIN, ProjectedState, QuotaNode
 from .timers import TimerIndex
+
+
+def _numbers(node: QuotaNode, key: str) -> tuple[int, int]:
+    """``(used, runtime)`` of one resource, read from the quota's row: what
+    ``node.used.get(key, 0)`` and ``node.runtime.get(key, 0)`` give, without
+    building the quota's dicts."""
+    store = node.store
+    if store is None:
+        return 0, 0
+    columns = store.columns.get(key)
+    if columns is None:
+        return 0, 0
+    row = node.row
+    return columns.used[row], columns.runtime[row]
 
 
 def owed(node: QuotaNode) -> RL:
     """``min(used, max) − runtime`` per compared resource, where positive (§8 rule 30
-    takes ``used − runtime`` as the revoke target; this is the entitlement gap)."""
+    takes ``used − runtime`` as the revoke target; this is the entitlement gap),
+    in the order of max's resources, or sorted when max is null."""
     cap = node.config.max
-    keys = cap.keys() if cap is not None else sorted(node.used.keys() | node.runtime.keys())
     out: RL = {}
-    for key in keys:
-        held = node.used.get(key, 0)
-        if cap is not None and cap[key] < held:
-            held = cap[key]
-        gap = held - node.runtime.get(key, 0)
+    if cap is None:
+        used, runtime = node.used, node.runtime
+        for key in sorted(used.keys() | runtime.keys()):
+            gap = used.get(key, 0) - runtime.get(key, 0)
+            if gap > 0:
+                out[key] = gap
+        return out
+    for key, limit in cap.items():
+        held, runtime_of = _numbers(node, key)
+        if limit < held:
+            held = limit
+        gap = held - runtime_of
         if gap > 0:
             out[key] = gap
     return out
 
 
 def is_owing(node: QuotaNode) -> bool:
-    """A connected leaf (not system/default) holding more than its runtime."""
+    """A connected leaf (not system/default) holding more than its runtime
+    (``owed`` not empty)."""
     config = node.config
     if config.is_parent or not node.connected or config.name in BUILTIN:
         return False
-    return bool(owed(node))
+    cap = config.max
+    if cap is None:
+        return bool(owed(node))
+    for key, limit in cap.items():
+        held, runtime_of = _numbers(node, key)
+        if min(held, limit) > runtime_of:
+            return True
+    return False
 
 
 def free_capacity(state: ProjectedState) -> RL:
     """Cluster total − Σ used of all quotas (§8 rule 31); system and default
     are already off the total."""
     free = dict(state.cluster_total)
-    tops = [
-        name
-        for parent, names in state.children_of.items()
-        if parent == ROOT or parent not in state.quotas
-        for name in names
-        if name not in BUILTIN
-    ]
-    for name in tops:
-        for key, value in state.quotas[name].used.items():
+    for node in top_quotas(state):
+        for key, value in node.used.items():
             free[key] = free.get(key, 0) - value
     return free
 
@@ -82,7 +104,8 @@ def is_starving(state: ProjectedState, uid: str, free: RL) -> bool:
     for key in requested:
         if cap is not None and key not in cap:
             continue
-        if node.used.get(key, 0) + pod.requests[key] > node.runtime.get(key, 0):
+        used, runtime = _numbers(node, key)
+        if used + pod.requests[key] > runtime:
             return False
     return any(pod.requests[key] > free.get(key, 0) for key in requested)
 
