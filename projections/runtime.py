@@ -55,6 +55,12 @@ def distribute(
         runtime_col, effective_col = columns.runtime, columns.effective_min
         if min_sum == 0 and not any(wants):
             runtime = mins = wants  # nothing asked, nothing guaranteed: all 0
+        elif amount >= sum(wants) and all(
+            weight_maps[i].get(key, amount) > 0 for i in range(count) if wants[i] > mins[i]
+        ):
+            # enough for every limited request and every borrower weighted:
+            # the water-fill caps each borrower at its limited request (step 3)
+            runtime = wants
         else:
             runtime = list(wants)
             borrowers: list[int] = []
