@@ -83,8 +83,16 @@ def free_capacity(state: ProjectedState) -> RL:
     are already off the total."""
     free = dict(state.cluster_total)
     for node in top_quotas(state):
-        for key, value in node.used.items():
-            free[key] = free.get(key, 0) - value
+        store = node.store
+        if store is None:
+            continue
+        row = node.row
+        # what ``node.used`` reads, without building it
+        for columns in store.by_key:
+            value = columns.used[row]
+            if value:
+                key = columns.key
+                free[key] = free.get(key, 0) - value
     return free
 
 
@@ -127,47 +135,80 @@ def _flipped(state: ProjectedState, free: RL) -> set[str]:
     return out
 
 
-def sampled_starving(state: ProjectedState, now: int | None = None) -> dict[str, int]:
-    """The starvation clocks as a sample taken now would leave them (pod uid ->
-    since), without mutating them. Kept only while ``reclaim_enabled``.
-
-    Incremental: only pods that changed, pods of quotas whose numbers changed,
-    and pods whose coverage by free capacity may have flipped are re-checked;
-    the result equals checking every pending pod (tests/test_clocks.py)."""
+def _starving_changes(
+    state: ProjectedState, now: int | None, free: RL
+) -> tuple[dict[str, int], set[str]]:
+    """The starvation clocks a sample taken now would start (uid -> since) and
+    stop, against those in force; ``free`` is the free capacity of the
+    settled state. Only pods that changed, pods of quotas whose numbers
+    changed, and pods whose coverage by free capacity may have flipped are
+    re-checked; the result equals checking every pending pod
+    (tests/test_clocks.py). Kept only while ``reclaim_enabled``: without it
+    every clock stops."""
+    clocks = state.starving_since
     if not state.settings.reclaim_enabled:
-        return {}
-    settle(state)
-    free = free_capacity(state)
+        return {}, set(clocks)
     if state.starving_full:
-        recheck = set(state.pending_pods) | set(state.starving_since)
+        recheck = set(state.pending_pods) | set(clocks)
     else:
         recheck = state.touched_pods | _flipped(state, free)
         for name in state.touched:
             recheck |= state.pending_by_quota.get(name, set())
-    clocks = dict(state.starving_since)
+    started: dict[str, int] = {}
+    stopped: set[str] = set()
+    at = state.ts if now is None else max(now, state.ts)
+    pending, held = state.pending_pods, state.starving_held
     for uid in recheck:
-        if uid not in state.pending_pods or not is_starving(state, uid, free):
-            clocks.pop(uid, None)
-        elif uid not in state.starving_held:
-            clocks.setdefault(uid, state.ts if now is None else max(now, state.ts))
+        if uid not in pending or not is_starving(state, uid, free):
+            if uid in clocks:
+                stopped.add(uid)
+        elif uid not in held and uid not in clocks:
+            started[uid] = at
+    return started, stopped
+
+
+def sampled_starving(state: ProjectedState, now: int | None = None) -> dict[str, int]:
+    """The starvation clocks as a sample taken now would leave them (pod uid ->
+    since), without mutating them (besides settling derived numbers). Kept
+    only while ``reclaim_enabled``."""
+    if not state.settings.reclaim_enabled:
+        return {}
+    settle(state)
+    started, stopped = _starving_changes(state, now, free_capacity(state))
+    clocks = {uid: since for uid, since in state.starving_since.items() if uid not in stopped}
+    clocks.update(started)
     return clocks
+
+
+def _owing_changes(state: ProjectedState, now: int | None) -> tuple[dict[str, int], set[str]]:
+    """The owing clocks a sample taken now would start (quota -> since) and
+    stop, against those in force, in a settled state. Owing depends on used,
+    runtime and max only: every change of those puts the quota in
+    ``touched`` (settle, put_quota, released holds), and a removed quota is
+    dropped from the clocks by drop_quota."""
+    quotas = state.quotas
+    clocks = state.owing_since
+    held = state.owing_held
+    started: dict[str, int] = {}
+    stopped: set[str] = set()
+    at = state.ts if now is None else max(now, state.ts)
+    for name in state.touched:
+        node = quotas.get(name)
+        if node is None or not is_owing(node):
+            if name in clocks:
+                stopped.add(name)
+        elif name not in held and name not in clocks:
+            started[name] = at
+    return started, stopped
 
 
 def sampled(state: ProjectedState, now: int | None = None) -> dict[str, int]:
     """The owing clocks as a sample taken now would leave them (no mutation
     besides settling derived numbers). The engine reads this at the tail."""
     settle(state)
-    quotas = state.quotas
-    clocks = dict(state.owing_since)
-    # owing depends on used, runtime and max only: every change of those puts
-    # the quota in ``touched`` (settle, put_quota, released holds), and a removed
-    # quota is dropped from the clocks by drop_quota
-    for name in state.touched:
-        node = quotas.get(name)
-        if node is None or not is_owing(node):
-            clocks.pop(name, None)
-        elif name not in state.owing_held:
-            clocks.setdefault(name, state.ts if now is None else max(now, state.ts))
+    started, stopped = _owing_changes(state, now)
+    clocks = {name: since for name, since in state.owing_since.items() if name not in stopped}
+    clocks.update(started)
     return clocks
 
 
@@ -176,28 +217,29 @@ def observation(state: ProjectedState, now: int) -> ClocksObserved | None:
     starts and stops against the clocks in force, or None when nothing
     changed. Consumes the change bookkeeping (``touched``, ``touched_pods``,
     free capacity at the sample); the fold never does, so only the engine's
-    samples cost a settle."""
-    owing = sampled(state, now)
-    starving = sampled_starving(state, now)
+    samples cost a settle. Costs what changed since the last sample, not
+    the clocks in force."""
+    settle(state)
+    owing_started, owing_stopped = _owing_changes(state, now)
     if state.settings.reclaim_enabled:
-        state.free_at_sample = free_capacity(state)
+        free = free_capacity(state)
+        starving_started, starving_stopped = _starving_changes(state, now, free)
+        state.free_at_sample = free
         state.starving_full = False
     else:
+        starving_started, starving_stopped = {}, set(state.starving_since)
         state.starving_full = True
     state.touched = set()
     state.touched_pods = set()
-    event = ClocksObserved(
+    if not (owing_started or owing_stopped or starving_started or starving_stopped):
+        return None
+    return ClocksObserved(
         basis=state.offset,
-        owing_started={k: v for k, v in sorted(owing.items()) if k not in state.owing_since},
-        owing_stopped=sorted(k for k in state.owing_since if k not in owing),
-        starving_started={
-            k: v for k, v in sorted(starving.items()) if k not in state.starving_since
-        },
-        starving_stopped=sorted(k for k in state.starving_since if k not in starving),
+        owing_started={k: owing_started[k] for k in sorted(owing_started)},
+        owing_stopped=sorted(owing_stopped),
+        starving_started={k: starving_started[k] for k in sorted(starving_started)},
+        starving_stopped=sorted(starving_stopped),
     )
-    owing_changed = event.owing_started or event.owing_stopped
-    starving_changed = event.starving_started or event.starving_stopped
-    return event if owing_changed or starving_changed else None
 
 
 def apply_observation(state: ProjectedState, event: ClocksObserved) -> None:
