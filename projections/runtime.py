@@ -24,7 +24,7 @@ def distribute(
     children: list[QuotaNode],
     min_scaling: bool,
     keys: Collection[str] | None = None,
-) -> list[list[str] | None]:
+) -> list[dict[str, int] | None]:
     """Runtime and effective min of each child of one parent, into the
     children's rows of the state's columns.
 
@@ -32,13 +32,13 @@ def distribute(
     amount shared is ``total`` per resource, or, as an int, the runtime row of
     the parent. Only the resources in ``keys`` are filled when given (the
     others' inputs did not change, so neither did their numbers). Returns,
-    aligned with ``children``, the resources whose runtime changed (None when
-    none did).
+    aligned with ``children``, the resources whose runtime changed with the
+    runtime each had before (None when none changed).
     """
     store = state.columns
     count = len(children)
     rows = [child.row for child in children]
-    changed: list[list[str] | None] = [None] * count
+    changed: list[dict[str, int] | None] = [None] * count
     config_mins = [child.config.min for child in children]
     weight_maps = [terms_for(child).weights for child in children]
     for columns in store.by_key:
@@ -87,13 +87,14 @@ def distribute(
         # every value is ≤ a limited request or a min already stored: no widening
         if [runtime_col[row] for row in rows] != runtime:
             for i, row in enumerate(rows):
-                if runtime_col[row] != runtime[i]:
+                before = runtime_col[row]
+                if before != runtime[i]:
                     runtime_col[row] = runtime[i]
                     moved = changed[i]
                     if moved is None:
-                        changed[i] = [key]
+                        changed[i] = {key: before}
                     else:
-                        moved.append(key)
+                        moved[key] = before
         if [effective_col[row] for row in rows] != mins:
             for i, row in enumerate(rows):
                 effective_col[row] = mins[i]
