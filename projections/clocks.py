@@ -99,23 +99,24 @@ def free_capacity(state: ProjectedState) -> RL:
 def is_starving(state: ProjectedState, uid: str, free: RL) -> bool:
     """§8 rule 31: Pending without a node, its quota has room for it under its
     runtime (on every requested resource its max lists), and the cluster's
-    free capacity does not cover its request."""
+    free capacity does not cover its request. (The conditions are checked
+    cheapest first: free capacity usually covers a pod.)"""
     pod = state.pods[uid]
+    requests = pod.requests
+    if not any(value > 0 and value > free.get(key, 0) for key, value in requests.items()):
+        return False
     node = state.quotas[state.pod_quota[uid]]
     config = node.config
     if config.is_parent or not node.connected or config.name in BUILTIN:
         return False
-    requested = [key for key, value in pod.requests.items() if value > 0]
-    if not requested:
-        return False
     cap = config.max
-    for key in requested:
-        if cap is not None and key not in cap:
+    for key, value in requests.items():
+        if value <= 0 or (cap is not None and key not in cap):
             continue
         used, runtime = _numbers(node, key)
-        if used + pod.requests[key] > runtime:
+        if used + value > runtime:
             return False
-    return any(pod.requests[key] > free.get(key, 0) for key in requested)
+    return True
 
 
 def _flipped(state: ProjectedState, free: RL) -> set[str]:
@@ -154,6 +155,11 @@ def _starving_changes(
         recheck = state.touched_pods | _flipped(state, free)
         for name in state.touched:
             recheck |= state.pending_by_quota.get(name, set())
+    if all(
+        free.get(key, 0) >= amounts[-1] for key, amounts in state.pending_amounts.items() if amounts
+    ):
+        # free capacity covers the largest request of every pending pod: none starves
+        return {}, recheck & clocks.keys()
     started: dict[str, int] = {}
     stopped: set[str] = set()
     at = state.ts if now is None else max(now, state.ts)

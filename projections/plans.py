@@ -239,8 +239,8 @@ def compared_keys(node: QuotaNode) -> list[str]:
     return sorted(node.used.keys() | node.runtime.keys())
 
 
-def _fits_runtime(used: Mapping[str, int], node: QuotaNode, keys: list[str]) -> bool:
-    return all(used.get(key, 0) <= node.runtime.get(key, 0) for key in keys)
+def _fits_runtime(used: Mapping[str, int], runtime: Mapping[str, int], keys: list[str]) -> bool:
+    return all(used.get(key, 0) <= runtime.get(key, 0) for key in keys)
 
 
 def revoke_target(node: QuotaNode) -> RL:
@@ -266,9 +266,10 @@ def overuse_plan(state: ProjectedState, queue: str) -> Plan | None:
     candidates = [pod for pod in _evictable(state, node) if pod.preemptible]
     candidates.sort(key=revoke_sort_key)
     remaining = dict(node.used)
+    runtime = node.runtime
     removed: list[tuple[int, PodUpserted]] = []
     for rank, pod in enumerate(candidates):
-        if _fits_runtime(remaining, node, keys):
+        if _fits_runtime(remaining, runtime, keys):
             break
         removed.append((rank, pod))
         for key, value in pod.requests.items():
@@ -277,9 +278,10 @@ def overuse_plan(state: ProjectedState, queue: str) -> Plan | None:
     for _, pod in reversed(removed):
         trial = dict(remaining)
         add_into(trial, pod.requests)
-        if _fits_runtime(trial, node, keys):
+        if _fits_runtime(trial, runtime, keys):
             remaining = trial
             kept.add(pod.uid)
+    used, runtime = sparse(node.used), sparse(runtime)
     victims = [
         Victim(
             pod_uid=pod.uid,
@@ -288,8 +290,8 @@ def overuse_plan(state: ProjectedState, queue: str) -> Plan | None:
             explain={
                 "rule": "overuse",
                 "queue": queue,
-                "used": sparse(node.used),
-                "runtime": sparse(node.runtime),
+                "used": dict(used),
+                "runtime": dict(runtime),
                 "max": node.config.max,
                 "guaranteed": sparse(node.config.min),
                 "target": target,
