@@ -381,8 +381,10 @@ def _fits(
     min_sum, weighted = facts
     if not weighted:
         return False
-    if amount != amount_before and state.settings.min_scaling and (
-        amount < min_sum or amount_before < min_sum
+    if (
+        amount != amount_before
+        and state.settings.min_scaling
+        and (amount < min_sum or amount_before < min_sum)
     ):
         # the effective mins are scaled to the amount (§5 Runtime step 1)
         effective = columns.effective_min
