@@ -52,7 +52,7 @@ def state_of(events: Iterable[Event]) -> dict[str, Any]:
 SAMPLING = {"touched", "touched_pods", "free_at_sample", "starving_full", "timer_index"}
 #: The array recompute's walk of the tree and its version (``projections.arrays``):
 #: a cache, rebuilt when missing, not part of what a state is.
-TREE_CACHE = {"tree_version", "tree_arrays", "sorted_children", "reconfigured"}
+TREE_CACHE = {"tree_version", "tree_arrays", "sorted_children", "reconfigured", "finished_order"}
 #: Where the quotas' numbers are stored (``projections.columns``): compared
 #: through each quota's numbers (``NUMBERS``), not as storage.
 STORAGE = {"columns"}
