@@ -411,6 +411,9 @@ def recompute_all(state: ProjectedState) -> None:
     :func:`recompute_all_rows`. Both give the same numbers."""
     from .arrays import recompute_arrays
 
+    # the fill below does not go through ``_refill``, which drops the facts of
+    # groups whose children's configurations changed: drop them all
+    _groups(state).clear()
     attach_all(state)
     if not recompute_arrays(state):
         recompute_all_rows(state)
