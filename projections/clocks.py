@@ -19,7 +19,7 @@ from bisect import bisect_right
 
 from quotaledger.events.model import ClocksObserved
 
-from .derive import settle, top_quotas
+from .derive import ChangedQuotas, settle, top_quotas
 from .resources import RL
 from .state import BUILTIN, ProjectedState, QuotaNode
 from .timers import TimerIndex
@@ -76,6 +76,31 @@ def is_owing(node: QuotaNode) -> bool:
         if min(held, limit) > runtime_of:
             return True
     return False
+
+
+def owing_quotas(state: ProjectedState) -> set[str]:
+    """The quotas that owe now (:func:`is_owing`), in a settled state: kept in
+    ``state.owing_index`` and brought up to date by re-checking the quotas the
+    settles changed since the last call (all of them after a full recompute
+    or on first use), the way the clock sample re-checks ``touched``."""
+    index = state.owing_index
+    quotas = state.quotas
+    if not isinstance(index, ChangedQuotas) or index.quotas is not quotas:
+        index = state.owing_index = ChangedQuotas(quotas)
+    members = index.members
+    if index.everything:
+        members.clear()
+        members.update(name for name, node in quotas.items() if is_owing(node))
+        index.everything = False
+    elif index.changed:
+        for name in index.changed:
+            node = quotas.get(name)
+            if node is not None and is_owing(node):
+                members.add(name)
+            else:
+                members.discard(name)
+    index.changed = set()
+    return members
 
 
 def free_capacity(state: ProjectedState) -> RL:

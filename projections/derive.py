@@ -18,6 +18,7 @@ rows, no per-quota dict. The result is identical to a full recomputation
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 from typing import Any
 
 from .columns import QuotaColumns
@@ -67,6 +68,27 @@ def top_quotas(state: ProjectedState) -> list[QuotaNode]:
     return out
 
 
+class ChangedQuotas:
+    """The quotas whose numbers or configuration changed since a reader last
+    looked: what ``state.touched`` is for the clock sample, for another reader
+    (``clocks.owing_quotas``, kept in ``state.owing_index``). The settle adds to
+    it whatever it adds to ``touched``; ``everything`` after a full recompute."""
+
+    __slots__ = ("changed", "everything", "members", "quotas")
+
+    def __init__(self, quotas: object) -> None:
+        self.quotas = quotas
+        self.members: set[str] = set()
+        self.changed: set[str] = set()
+        self.everything = True
+
+
+def _changed(state: ProjectedState, names: Iterable[str]) -> None:
+    index = state.owing_index
+    if isinstance(index, ChangedQuotas) and not index.everything:
+        index.changed.update(names)
+
+
 def _children(state: ProjectedState, name: str) -> list[QuotaNode]:
     """A quota's children in name order (kept while the tree's shape is)."""
     cache = tree_cache(state)
@@ -113,6 +135,7 @@ def _settle_paths(state: ProjectedState) -> None:
             current = node.config.parent
     state.dirty = set()
     state.touched |= path
+    _changed(state, path)
     root_changed = False
     # parents to water-fill again for some resources only: those whose
     # children's limited requests moved (as the water-fill sees them) or whose
@@ -298,6 +321,8 @@ def _refill(state: ProjectedState, moves: _Moves | None = None) -> None:
             for child, before in zip(children, moved, strict=True):
                 if before:
                     changed.append((child, before))
+        if changed:
+            _changed(state, (child.config.name for child, _ in changed))
         for child, before in changed:
             child_name = child.config.name
             touched.add(child_name)
@@ -414,6 +439,9 @@ def recompute_all(state: ProjectedState) -> None:
     # the fill below does not go through ``_refill``, which drops the facts of
     # groups whose children's configurations changed: drop them all
     _groups(state).clear()
+    index = state.owing_index
+    if isinstance(index, ChangedQuotas):
+        index.everything = True
     attach_all(state)
     if not recompute_arrays(state):
         recompute_all_rows(state)

@@ -343,7 +343,7 @@ def reclaim_plan(state: ProjectedState, uid: str) -> Plan | None:
     then lower priority, later start, uid; an owing quota gives at most what it
     owed at the start; the last victim may overshoot (§8 rules 32-33). None
     when there is nothing to take or no victim is possible (nothing recorded)."""
-    from .clocks import free_capacity, is_owing, is_starving
+    from .clocks import free_capacity, is_starving, owing_quotas
 
     settle(state)
     if uid not in state.pending_pods or not is_starving(state, uid, free_capacity(state)):
@@ -354,8 +354,10 @@ def reclaim_plan(state: ProjectedState, uid: str) -> Plan | None:
         return None
     budgets: dict[str, RL] = {}
     ranked: list[tuple[tuple[Any, ...], PodUpserted, str]] = []
-    for name, node in state.quotas.items():
-        if name == queue or name in state.occupied or not is_owing(node):
+    # the owing quotas (the others give nothing), in name order
+    for name in sorted(owing_quotas(state)):
+        node = state.quotas[name]
+        if name == queue or name in state.occupied:
             continue
         gap = {key: value for key, value in owed(node).items() if key in target}
         if not gap:

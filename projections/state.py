@@ -264,6 +264,8 @@ class ProjectedState:
     # each parent's children in name order while ``tree_version`` stays the
     # same (key "": the version and the quotas they were listed from)
     sorted_children: dict[str, Any] = field(default_factory=dict)
+    # the quotas that owe now, kept between reclaims (``clocks.owing_quotas``)
+    owing_index: object = None
     # ``finished_preemptions`` by offset (``guard.remember_finished``: the oldest
     # is dropped past FINISHED_KEPT without a scan)
     finished_order: object = None

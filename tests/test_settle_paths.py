@@ -1,6 +1,7 @@
 """The settle along the dirty paths keeps facts between settles (each parent's
 group: Σ of its children's mins, whether they are all weighted; the top
-quotas) and skips fills whose result it knows (DECISIONS 250). Whatever mix
+quotas; the quotas that owe, for reclaim) and skips fills whose result it
+knows (DECISIONS 250). Whatever mix
 of path settles and full recomputes (``derive.settle``'s bulk switch, a
 snapshot restore) a state goes through, its numbers equal the dictionary
 reference after every event."""
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from quotaledger.events.model import Event
 from quotaledger.projections import derive
+from quotaledger.projections.clocks import is_owing, owing_quotas
 
 from .dict_reference import projected, reference
 from .scenarios import fold, histories
@@ -42,6 +44,11 @@ def test_paths_and_full_recomputes_mixed_equal_the_reference(
         with bulk(choices[offset % len(choices)]):
             state = projection.settled()
         assert projected(state) == reference(state)
+        if choices[(offset * 7) % len(choices)]:
+            # the owing quotas kept between reclaims, looked at now and then
+            assert owing_quotas(state) == {
+                name for name, node in state.quotas.items() if is_owing(node)
+            }
 
 
 def test_a_group_settled_in_bulk_forgets_its_childrens_old_weights() -> None:
