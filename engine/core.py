@@ -17,7 +17,7 @@ restart never postpones one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from quotaledger.events.model import (
@@ -40,7 +40,7 @@ from quotaledger.projections.plans import (
 )
 from quotaledger.projections.resources import RL, add_into
 from quotaledger.projections.state import EvictionRun, ProjectedState
-from quotaledger.projections.timers import RECLAIM, Entry, TimerIndex, all_timers, timer_index
+from quotaledger.projections.timers import Entry, TimerIndex, all_timers, timer_index
 
 #: §8 rule 27: at one instant, quota-decrease before overuse before reclaim.
 CAUSE_ORDER: dict[PreemptionCause, int] = {"quota-decrease": 0, "overuse": 1, "reclaim": 2}
@@ -75,6 +75,42 @@ def _timer(entry: Entry) -> Timer:
 
 def _key(entry: Entry) -> TimerKey:
     return (CAUSES[entry[1]], entry[3], entry[4], entry[0])
+
+
+def armed_test(state: ProjectedState) -> Callable[[TimerKey], bool]:
+    """A test of whether a timer key is among :func:`timers` now, reading the
+    state's maps directly (no listing)."""
+    settings = state.settings
+    decrease = settings.quota_preemption_enabled
+    revoke_after = round(settings.revoke_after_s * 1000) if settings.revoke_enabled else None
+    reclaim_after = round(settings.reclaim_after_s * 1000) if settings.reclaim_enabled else None
+    deadlines, quotas = state.decrease_deadlines, state.quotas
+    owing, owing_held = state.owing_since, state.owing_held
+    starving, starving_held, pod_quota = state.starving_since, state.starving_held, state.pod_quota
+
+    def armed(key: TimerKey) -> bool:
+        cause, queue, pod_uid, deadline = key
+        if cause == "quota-decrease":
+            return decrease and deadlines.get(queue) == deadline
+        if cause == "overuse":
+            since = owing.get(queue)
+            return (
+                revoke_after is not None
+                and since is not None
+                and since + revoke_after == deadline
+                and queue not in owing_held
+                and queue in quotas
+            )
+        since = starving.get(pod_uid)
+        return (
+            reclaim_after is not None
+            and since is not None
+            and since + reclaim_after == deadline
+            and pod_uid not in starving_held
+            and pod_quota.get(pod_uid) == queue
+        )
+
+    return armed
 
 
 def timers(state: ProjectedState) -> list[Timer]:
@@ -123,19 +159,11 @@ class EngineCore:
         index = timer_index(state)
         handled = self.handled
         if handled:
-            gone = [key for key in handled if not self._armed(index, key)]
+            armed = armed_test(state)
+            gone = [key for key in handled if not armed(key)]
             for key in gone:
                 handled.discard(key)
         return index
-
-    def _armed(self, index: TimerIndex, key: TimerKey) -> bool:
-        cause, queue, pod_uid, deadline = key
-        rank = CAUSE_ORDER[cause]
-        entry = index.by_source.get((rank, pod_uid if rank == RECLAIM else queue))
-        if entry is None or entry[0] != deadline:
-            return False
-        current = index.fresh(self.state, entry)
-        return current is not None and current[3] == queue
 
     def pending(self) -> list[Timer]:
         """Timers not yet handled, waiting or due, in firing order. Forgets
