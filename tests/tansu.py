@@ -87,7 +87,7 @@ class Tansu:
         log = open(os.path.join(self.logdir, f"tansu-{self.starts}.log"), "wb")  # noqa: SIM115
         try:
             self.proc = subprocess.Popen(
-                tansu_command(tansu_binary(), listener, self.storage),
+                self.command(listener),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self.env,
@@ -100,6 +100,10 @@ class Tansu:
             self.stop()
             raise RuntimeError(f"tansu did not start: {exc}\n{self.log_text()}") from None
         return self
+
+    def command(self, listener: str) -> list[str]:
+        """The broker's command line (listening on, and advertising, ``listener``)."""
+        return tansu_command(tansu_binary(), listener, self.storage)
 
     def signal(self, signum: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
