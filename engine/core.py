@@ -17,7 +17,7 @@ restart never postpones one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from quotaledger.events.model import (
@@ -173,18 +173,39 @@ class EngineCore:
                 handled.discard(key)
         return index
 
+    def _waiting(self, index: TimerIndex) -> Iterator[Entry]:
+        """The armed timers not handled, fresh, by deadline (after
+        :meth:`_look`). A handled key is skipped on the index's entry as it
+        stands, before the entry is freshened: after the look's sweep every
+        handled key is armed, and a source has one armed key, so an entry
+        whose key is handled freshens to that same key (a stale depth aside)
+        and would be skipped anyway. The handled timers that stay armed (a
+        starving pod no victim helped) thus cost a set lookup per look, not
+        a re-read of the state."""
+        state = self.state
+        handled = self.handled
+        if not handled:
+            yield from index.scan(state)
+            return
+        fresh = index.fresh
+        # the list does not change while scanning: fixes wait in ``stale``
+        for entry in index.entries:
+            if (CAUSES[entry[1]], entry[3], entry[4], entry[0]) in handled:
+                continue
+            current = fresh(state, entry)
+            if current is not None:
+                yield current
+
     def pending(self) -> list[Timer]:
         """Timers not yet handled, waiting or due, in firing order. Forgets
         handled timers that are no longer armed."""
         state = self.state
         index = self._look()
         occupied = state.occupied
-        handled = self.handled
         waiting = sorted(
             entry
-            for entry in index.scan(state)
+            for entry in self._waiting(index)
             if entry[3] not in occupied  # §8 rule 34: waits for the running one
-            and (not handled or _key(entry) not in handled)
         )
         return [_timer(entry) for entry in waiting]
 
@@ -210,13 +231,12 @@ class EngineCore:
         state = self.state
         index = self._look()
         occupied = state.occupied
-        handled = self.handled
         best = before
         found = False
-        for entry in index.scan(state):
+        for entry in self._waiting(index):
             if best is not None and entry[0] >= best:
                 break
-            if entry[3] in occupied or (handled and _key(entry) in handled):
+            if entry[3] in occupied:
                 continue
             at = self._ready_at(entry)
             if best is None or at < best:
@@ -229,12 +249,11 @@ class EngineCore:
         state = self.state
         index = self._look()
         occupied = state.occupied
-        handled = self.handled
         ready: list[Entry] = []
-        for entry in index.scan(state):
+        for entry in self._waiting(index):
             if entry[0] > now:
                 break
-            if entry[3] in occupied or (handled and _key(entry) in handled):
+            if entry[3] in occupied:
                 continue
             if self._ready_at(entry) <= now:
                 ready.append(entry)
