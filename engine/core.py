@@ -155,6 +155,11 @@ class EngineCore:
     #: quota-decrease timers whose target was empty (§8 rule 21: nothing
     #: proposed): key -> the state offset they were evaluated at (DECISIONS 210)
     empty_at: dict[TimerKey, int] = field(default_factory=dict)
+    #: the last look's sweep: the state, its offset, ``handled`` and a copy of
+    #: its keys then (see :meth:`_look`)
+    _swept: tuple[ProjectedState, int, set[TimerKey], set[TimerKey]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     @property
     def state(self) -> ProjectedState:
@@ -166,11 +171,27 @@ class EngineCore:
         state = self.state
         index = timer_index(state)
         handled = self.handled
-        if handled:
+        if not handled:
+            self._swept = None
+            return index
+        swept = self._swept
+        keys: set[TimerKey] = handled
+        if (
+            swept is not None
+            and swept[0] is state
+            and swept[1] == state.offset
+            and swept[2] is handled
+        ):
+            # no record was applied since the last sweep (the fold, which
+            # alone changes what is armed, moves the offset): only the keys
+            # added to ``handled`` since may be unarmed
+            keys = handled - swept[3]
+        if keys:
             armed = armed_test(state)
-            gone = [key for key in handled if not armed(key)]
+            gone = [key for key in keys if not armed(key)]
             for key in gone:
                 handled.discard(key)
+        self._swept = (state, state.offset, handled, set(handled))
         return index
 
     def _waiting(self, index: TimerIndex) -> Iterator[Entry]:

@@ -40,6 +40,19 @@ def reference_look(core: EngineCore, now: int) -> tuple[list[Timer], set[TimerKe
 
 def check(core: EngineCore, now: int) -> None:
     expected, handled, at = reference_look(core, now)
+    # the engine's own looks, which sweep ``handled`` from the last look's
+    # sweep when no record came between (``EngineCore._look``)
+    assert core.pending() == expected
+    assert core.handled == handled
+    assert core.next_deadline() == at
+    assert core.due(now) == [timer for timer in expected if core.ready_at(timer) <= now]
+    # a key handled between two looks at one offset that is not armed (a
+    # timer proposed from an older look) is forgotten at the next look
+    never = ("overuse", "no such quota", "", now)
+    core.handled.add(never)
+    assert core.pending() == expected
+    assert core.handled == handled
+    # and a fresh look (no sweep before it) of a copy
     probe = dataclasses.replace(core, handled=set(core.handled), backoff=dict(core.backoff))
     assert probe.pending() == expected
     assert probe.handled == handled
