@@ -34,7 +34,7 @@ import msgspec
 import pytest
 
 from quotaledger.adapters.cli import main
-from quotaledger.adapters.sqlite_ledger import SqliteLedger
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 from quotaledger.engine.simulate import Simulation
 from quotaledger.events.digest import DigestChain
 from quotaledger.events.ledger import Record
@@ -79,8 +79,8 @@ def corpus_digest(seed: int) -> str:
 
 
 def bench_digest() -> str:
-    from quotaledger.adapters.bench_decide import simulate_lines
-    from quotaledger.adapters.workload import generate
+    from quotaledger.adapters.bench.decide import simulate_lines
+    from quotaledger.adapters.bench.workload import generate
 
     work = generate(BENCH["quotas"], BENCH["pods"], BENCH["nodes"], BENCH["events"], BENCH["seed"])
     return simulated(simulate_lines(work), ledger_id=f"bench-{BENCH['seed']}")
