@@ -1304,6 +1304,12 @@ def build_parser() -> argparse.ArgumentParser:
         " (default: this interpreter's)",
     )
     bench.add_argument(
+        "--faults",
+        metavar="KIND,...",
+        help="faults: draw only these kinds (kill, pause, api-delay, api-stall, api-cut,"
+        " broker-delay, broker-stall, broker-cut, broker-restart; default: all of the backend)",
+    )
+    bench.add_argument(
         "--keep", metavar="DIR", help="faults: keep the files of every trial with a violation here"
     )
     bench.add_argument(

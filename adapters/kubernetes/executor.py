@@ -13,7 +13,11 @@ For one accepted eviction:
   backoff, or after ``Retry-After`` when the server gives it, until ``retry_for_s`` after the
   ``EvictionRequested`` record's ts (so a restart or failover never extends it); then
   ``EvictionFailed`` with the server's message;
-* ``403`` and every other answer: ``EvictionFailed`` at once, with the server's message.
+* ``403`` and every other answer: ``EvictionFailed`` at once, with the server's message;
+* before every POST, ``may_evict()`` must hold (on a cluster: this replica holds the Lease
+  and its engine the newest epoch, DESIGN §12). A replica that lost them while it waited
+  to retry (paused past its Lease, a GC pause) sends nothing more and appends no outcome:
+  the eviction stays outstanding for the new leader.
 
 Idempotent by ``eviction_id``: the engine drives an eviction once per process, and the
 state check above keeps a restarted engine from evicting a pod that is already gone. The
@@ -48,6 +52,10 @@ def wall_clock_s() -> float:
     return time.time()
 
 
+def always() -> bool:
+    return True
+
+
 def server_message(exc: ApiException) -> str:
     """The ``message`` of a Kubernetes Status body, else the HTTP reason."""
     try:
@@ -78,6 +86,7 @@ class KubernetesExecutor:
     clock_s: Callable[[], float] = wall_clock_s
     backoff_first_s: float = 0.5
     backoff_cap_s: float = 30.0
+    may_evict: Callable[[], bool] = always
     _requested_ts: dict[str, int] = field(default_factory=dict)
 
     async def evict(self, eviction: EvictionRun, state: ProjectedState) -> list[Event]:
@@ -96,6 +105,10 @@ class KubernetesExecutor:
         )
         backoff = Backoff(self.backoff_first_s, self.backoff_cap_s)
         while True:
+            if not self.may_evict():
+                log.info("not evicting %s: no longer the leader", eviction.eviction_id)
+                await asyncio.sleep(self.poll_s)  # the term ends: no busy re-drive meanwhile
+                return []
             try:
                 await self.core.create_namespaced_pod_eviction(pod.name, pod.namespace, body)
             except ApiException as exc:

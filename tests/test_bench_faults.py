@@ -1,0 +1,400 @@
+"""The fault harness of ``quotaledger bench faults`` (DESIGN §3, §6, §9, §10, §12).
+
+* the TCP fault proxy really delays, stalls and cuts a connection in the middle of a
+  response (real sockets);
+* every check of the harness fires on a ledger (or an API-server record) that breaks its
+  invariant, built by hand, and stays quiet on one that keeps it: the checks are tested
+  before they are trusted;
+* a planted bug is reported: trials against engines whose executor forgets to check the
+  Lease and the epoch before an eviction POST report zombie POSTs, and a projection that
+  forgets the one-preemption-per-queue guard (monkeypatched in this process) makes the
+  checks report overlapping and twice-decided preemptions;
+* the short form of ``bench faults``: trials on each backend with every check passing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from quotaledger.adapters import bench_faults
+from quotaledger.adapters.bench_fault_proxy import FaultProxy
+from quotaledger.adapters.bench_faults import (
+    CheckContext,
+    EvictionPost,
+    Options,
+    RawRecord,
+    check_trial,
+)
+from quotaledger.projections import guard
+
+REPO = Path(__file__).resolve().parents[1]
+
+# ------------------------------------------------------------------ the proxy
+
+
+async def _echo_server() -> tuple[asyncio.Server, int]:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    return server, int(server.sockets[0].getsockname()[1])
+
+
+async def _round_trip(port: int, payload: bytes) -> tuple[bytes, float]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    started = time.monotonic()
+    writer.write(payload)
+    await writer.drain()
+    got = b""
+    try:
+        while len(got) < len(payload):
+            data = await reader.read(65536)
+            if not data:
+                break
+            got += data
+    except OSError:
+        pass
+    writer.close()
+    return got, time.monotonic() - started
+
+
+async def test_the_proxy_forwards_delays_stalls_and_cuts_mid_response() -> None:
+    server, port = await _echo_server()
+    registry: dict[int, str] = {}
+    proxy = await FaultProxy("127.0.0.1", port, name="p", registry=registry).start()
+    try:
+        got, _ = await _round_trip(proxy.port, b"hello")
+        assert got == b"hello"
+        assert set(registry.values()) == {"p"}  # the upstream side's port is known
+        proxy.delay(0.2, 0.2, for_s=5)
+        got, took = await _round_trip(proxy.port, b"slow")
+        assert got == b"slow" and took >= 0.35  # held each way
+        proxy.heal()
+        proxy.stall(0.6)
+        got, took = await _round_trip(proxy.port, b"stalled")
+        assert got == b"stalled" and took >= 0.5
+        # a cut: the client gets part of the answer (maybe nothing), then a reset
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(b"x")
+        await writer.drain()
+        assert await reader.read(1) == b"x"
+        assert proxy.cut() == 1
+        writer.write(b"y" * 100_000)
+        received = b""
+        with pytest.raises((ConnectionError, AssertionError)):
+            while True:
+                data = await reader.read(65536)
+                assert data, "the connection ended"
+                received += data
+        assert len(received) < 100_000
+        writer.close()
+    finally:
+        await proxy.close()
+        server.close()
+
+
+async def test_the_proxy_records_http_request_lines() -> None:
+    server, port = await _echo_server()
+    proxy = await FaultProxy("127.0.0.1", port, http=True).start()
+    try:
+        request = b"POST /api/v1/namespaces/team/pods/x/eviction HTTP/1.1\r\nHost: h\r\n\r\n"
+        await _round_trip(proxy.port, request)
+        [seen] = proxy.requests
+        assert (seen.method, seen.path) == ("POST", "/api/v1/namespaces/team/pods/x/eviction")
+        assert abs(seen.at_ms - time.time() * 1000) < 5000
+    finally:
+        await proxy.close()
+        server.close()
+
+
+# ------------------------------------------------------------------ the checks
+
+SETTINGS = {"kind": "SettingsChanged", "quota_preemption_enabled": True, "revoke_enabled": False}
+
+
+def ledger(*events: dict[str, Any], ts: int = 1_000_000) -> list[RawRecord]:
+    """Records 0..n, one ms apart, of ``LedgerOpened`` then ``events``."""
+    docs = [{"kind": "LedgerOpened", "ledger_id": "t"}, *events]
+    return [RawRecord(i, ts + i, ts + i, msgspec.json.encode(doc)) for i, doc in enumerate(docs)]
+
+
+def context(**overrides: Any) -> CheckContext:
+    values: dict[str, Any] = {
+        "seed": 7,
+        "backend": "sqlite",
+        "produced": {},
+        "posts": [],
+        "lease_writes": [],
+        "requests": [],
+        "instance_at": {},
+        "now_ms": 1_000_000 + 10_000_000,
+        "deadline_grace_ms": 3000,
+    }
+    values.update(overrides)
+    return CheckContext(**values)
+
+
+def checks(records: Sequence[RawRecord], **overrides: Any) -> list[str]:
+    violations, _ = check_trial(records, context(**overrides))
+    return [v.check for v in violations]
+
+
+def pod(uid: str, quota: str, cpu: int) -> dict[str, Any]:
+    return {
+        "kind": "PodUpserted",
+        "uid": uid,
+        "name": uid,
+        "namespace": "team",
+        "quota": quota,
+        "requests": {"cpu": cpu},
+        "phase": "Running",
+        "node": "n1",
+    }
+
+
+def decreased_queue() -> list[dict[str, Any]]:
+    """Queue q over a lowered max whose deadline (delay 0.001 s) passes at once."""
+    queue = {"kind": "QuotaUpserted", "name": "q", "max": {"cpu": 10}, "preemption_delay_s": 0.001}
+    return [
+        SETTINGS,
+        {"kind": "NodeUpserted", "name": "n1", "allocatable": {"cpu": 10}},
+        queue,
+        pod("v1", "q", 3),
+        pod("v2", "q", 3),
+        {**queue, "max": {"cpu": 4}},
+    ]
+
+
+def started(pid: str, basis: int, queue: str = "q") -> dict[str, Any]:
+    return {
+        "kind": "PreemptionStarted",
+        "preemption_id": pid,
+        "queue": queue,
+        "cause": "quota-decrease",
+        "target": {"cpu": 2000},
+        "basis": basis,
+    }
+
+
+def requested(pid: str, uid: str, queue: str = "q") -> dict[str, Any]:
+    return {
+        "kind": "EvictionRequested",
+        "eviction_id": f"{pid}/{uid}",
+        "preemption_id": pid,
+        "pod_uid": uid,
+        "queue": queue,
+    }
+
+
+def finished(pid: str, queue: str = "q") -> dict[str, Any]:
+    return {
+        "kind": "PreemptionFinished",
+        "preemption_id": pid,
+        "queue": queue,
+        "outcome": "complete",
+        "claimed": {"cpu": 3000},
+    }
+
+
+def good_preemption() -> list[dict[str, Any]]:
+    setup = decreased_queue()
+    basis = len(setup)  # offset of the decrease (record 0 is LedgerOpened)
+    return [
+        *setup,
+        {"kind": "NodeUpserted", "name": "n2", "allocatable": {"cpu": 0}},  # time passes
+        started("p1", basis),
+        requested("p1", "v2"),
+        {"kind": "EvictionSucceeded", "eviction_id": "p1/v2"},
+        {"kind": "PodRemoved", "uid": "v2"},
+        finished("p1"),
+    ]
+
+
+def test_a_clean_ledger_passes_every_check() -> None:
+    assert checks(ledger(*good_preemption())) == []
+
+
+def test_gaps_and_fillers_are_reported() -> None:
+    records = ledger(*good_preemption())
+    assert checks(records[:3] + records[4:]) == ["gap"]
+    filler = {
+        "kind": "FactRejected",
+        "offset": 3,
+        "reason": "partition offset 3 holds no record (a write the broker lost)",
+    }
+    events = good_preemption()
+    events[2] = filler
+    assert "gap" in checks(ledger(*events))
+
+
+def test_facts_lost_or_written_twice_are_reported() -> None:
+    fact = {"kind": "NamespaceWeighted", "namespace": "f1", "weight": 2}
+    bad = {
+        "kind": "FactRejected",
+        "offset": 2,
+        "reason": "weight",
+        "raw": json.dumps({"kind": "NamespaceWeighted", "namespace": "f2", "weight": 0}),
+    }
+    produced = {"f1": True, "f2": True, "f3": True, "f4": False}
+    assert checks(ledger(fact, bad), produced=produced) == ["fact-lost"]  # f3
+    twice = ledger(fact, fact)
+    assert checks(twice, produced={"f1": True}) == ["fact-twice"]
+    # on Kafka a retried append's copy (same bytes, same stamp) is not a second write
+    retried = [twice[0], twice[1], RawRecord(2, twice[2].ts, twice[1].stamp, twice[1].payload)]
+    assert checks(retried, produced={"f1": True}, backend="kafka") == []
+    assert checks(twice, produced={"f1": True}, backend="kafka") == ["fact-twice"]
+
+
+def test_a_trigger_answered_twice_or_without_a_deadline_is_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    setup = decreased_queue()
+    basis = len(setup)
+    # the real guard refuses these records, so the checks see nothing accepted twice
+    twice = [*good_preemption(), started("p2", basis), finished("p2")]
+    assert checks(ledger(*twice)) == []
+    # a projection that forgets the guard accepts them: the checks say so
+    monkeypatch.setattr(guard, "on_started", _accept_every_start)
+    found = checks(ledger(*twice))
+    assert "trigger-twice" in found and "trigger-unjustified" in found
+    overlapping = [*setup, started("p1", basis), started("p2", basis)]
+    assert "overlap" in checks(ledger(*overlapping))
+
+
+def _accept_every_start(state: Any, event: Any, offset: int, ts: int) -> str | None:
+    """guard.on_started without its checks (a planted bug)."""
+    from quotaledger.projections.state import PreemptionRun
+
+    state.preemptions[event.preemption_id] = PreemptionRun(
+        preemption_id=event.preemption_id,
+        queue=event.queue,
+        cause=event.cause,
+        target=dict(event.target),
+        started_offset=offset,
+        started_ts=ts,
+        occupied=[event.queue],
+    )
+    state.occupied[event.queue] = event.preemption_id
+    state.decrease_deadlines.pop(event.queue, None)
+    return None
+
+
+def test_an_eviction_executed_twice_is_reported() -> None:
+    events = good_preemption()
+    again = [*events[:-1], {"kind": "EvictionFailed", "eviction_id": "p1/v2", "error": "x"}]
+    assert checks(ledger(*again, events[-1])) == ["eviction-twice"]
+    posts = [
+        EvictionPost(1, "e0", "team", "v2", "v2", 201),
+        EvictionPost(2, "e1", "team", "v2", "v2", 201),
+    ]
+    assert checks(ledger(*events), posts=posts) == ["eviction-twice"]
+    stray = [EvictionPost(1, "e0", "team", "v1", "v1", 404)]
+    assert checks(ledger(*events), posts=stray) == ["post-without-decision"]
+
+
+def test_zombies_are_reported() -> None:
+    events = good_preemption()
+    leader = {"kind": "LeaderElected", "epoch": 1, "instance": "a"}
+    setup = len(decreased_queue())
+    events.insert(setup, leader)  # after the decrease: the decisions' basis stays put
+    records = ledger(*[{**e, "epoch": 1} if "preemption_id" in e else e for e in events])
+    t0 = records[0].stamp
+    held_by_a = [(t0 - 10, "a")]
+    assert checks(records, lease_writes=held_by_a) == []
+    # b took the Lease before a's decisions were stamped
+    taken_by_b = [(t0 - 10, "a"), (t0 + 2, "b")]
+    assert set(checks(records, lease_writes=taken_by_b)) == {"zombie-decision"}
+    # an eviction POST that left a while b held the Lease
+    requests = [("e0", t0 + 5, "/api/v1/namespaces/team/pods/v2/eviction")]
+    found = checks(
+        records,
+        lease_writes=[*held_by_a, (t0 + 3, "b")],
+        requests=requests,
+        instance_at={"e0": lambda ms: "a"},
+    )
+    assert "zombie-post" in found
+    # an accepted decision of an older epoch than the newest elected one
+    stale = ledger(
+        leader,
+        {"kind": "LeaderElected", "epoch": 2, "instance": "b"},
+        {"kind": "ClocksObserved", "basis": 1, "epoch": 1},
+    )
+    assert "zombie-decision" in checks(stale) or _clocks_fenced()
+
+
+def _clocks_fenced() -> bool:
+    """True when the projection refuses a stale ClocksObserved (nothing accepted to
+    report)."""
+    from quotaledger.events.ledger import Record
+    from quotaledger.projections import Projection
+
+    projection = Projection()
+    for record in ledger(
+        {"kind": "LeaderElected", "epoch": 2, "instance": "b"},
+        {"kind": "ClocksObserved", "basis": 1, "epoch": 1},
+    ):
+        accepted = projection.apply_record(Record(record.offset, record.ts, record.payload))
+    return accepted is None
+
+
+def test_a_passed_deadline_left_armed_is_reported() -> None:
+    setup = decreased_queue()
+    assert checks(ledger(*setup)) == ["armed-deadline"]
+    # not yet passed by the grace: waiting, not left behind
+    now = ledger(*setup)[-1].ts + 100
+    assert checks(ledger(*setup), now_ms=now) == []
+
+
+def test_the_audit_verdict_is_checked() -> None:
+    records = ledger(*good_preemption())
+    clean = (0, {"decisions": [], "tampered": 0, "unfinished": []}, "")
+    assert checks(records, audit=clean) == []
+    flagged = {
+        "decisions": [{"kind": "PreemptionStarted", "offset": 8, "problems": ["x"]}],
+        "tampered": 0,
+        "unfinished": [],
+    }
+    assert checks(records, audit=(1, flagged, "")) == ["audit"]
+    assert checks(records, audit=(0, flagged, "")) == ["audit", "audit"]  # and exit 0
+    assert checks(records, audit=(2, None, "boom")) == ["audit"]
+
+
+# ------------------------------------------------------------------ trials
+
+
+def run(backend: str, seeds: Sequence[int], **options: Any) -> list[bench_faults.TrialResult]:
+    merged: dict[str, Any] = {"backend": backend, "parallel": 2} | options
+    return asyncio.run(bench_faults.run_trials(backend, seeds, Options(**merged)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite", "kafka"])
+def test_bench_faults_short_form(backend: str, tmp_path: Path) -> None:
+    """≈10 trials per backend (DESIGN §6 guard, §9, §10, §12) with every check passing;
+    the faults drawn cover every kind of the backend over the seeds."""
+    seeds = range(1, 11)
+    results = run(backend, seeds, keep_dir=tmp_path)
+    summary = bench_faults.summarize(backend, results, 0.0)
+    lines = [v["seed"] for v in summary["violations"]]
+    assert not summary["violations"], (
+        "\n".join(bench_faults.Violation(**v).line() for v in summary["violations"])
+        + f"\n(kept in {tmp_path}: {lines})"
+    )
+    assert summary["seen"].get("evictions", 0) >= 5  # the trials really preempted
+    applied = summary["faults_applied"]
+    assert sum(applied.values()) >= 2 * len(seeds)
