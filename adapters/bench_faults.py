@@ -105,6 +105,7 @@ CHECKS = (
     "unclean-stop",
     "process-exit",
     "no-quiescence",
+    "harness-error",
 )
 LEASE = ("coordination.k8s.io", "leases", "quotaledger", "quotaledger")
 NAMESPACE = "team"
@@ -936,6 +937,7 @@ class Trial:
         self.path = self.dir / "ledger.db"
         self.instances = 0
         self.stopped_at_holes: list[tuple[str, int, str]] = []
+        self.tap_task: asyncio.Task[None] | None = None
         self.tap = KafkaTap(env.bootstrap if env.backend == "kafka" else "", self.topic)
 
     # ---------------------------------------------------------- urls and reads
@@ -985,7 +987,7 @@ class Trial:
         await self.server.start()
         try:
             async with asyncio.TaskGroup() as group:
-                tap = group.create_task(self.tap.follow()) if self.env.backend == "kafka" else None
+                self.group = group
                 try:
                     async with asyncio.timeout(
                         self.options.workload_s + self.options.settle_timeout_s + 120
@@ -993,9 +995,11 @@ class Trial:
                         await self._run()
                 except TimeoutError:
                     self.violate("no-quiescence", "the trial did not end within its hang guard")
+                except Exception as exc:  # a harness bug: said, never hidden
+                    self.violate("harness-error", f"{type(exc).__name__}: {exc}")
                 finally:
-                    if tap is not None:
-                        tap.cancel()
+                    if self.tap_task is not None:
+                        self.tap_task.cancel()
         finally:
             for slot in self.slots:
                 if slot.alive():
@@ -1035,6 +1039,8 @@ class Trial:
             create=True,
         )
         await ledger.close()
+        if self.env.backend == "kafka":  # only now: a fetch of a missing topic creates it
+            self.tap_task = self.group.create_task(self.tap.follow())
         engines = rng.choice([2, 2, 3])
         for index in range(engines):
             await self._add_slot(index, scenario, rng.choice(["stop", "fill"]))
@@ -1181,7 +1187,12 @@ class Trial:
                     stdout=asyncio.subprocess.DEVNULL,
                     stderr=stderr,
                 )
-                code = await proc.wait()
+                try:
+                    code = await proc.wait()
+                finally:
+                    if proc.returncode is None:  # cancelled: nothing outlives the trial
+                        proc.kill()
+                        await proc.wait()
             for fact_id in ids:
                 self.produced.acked[fact_id] = code == 0
             self.result.stats["facts ingested"] += len(ids)
@@ -1227,7 +1238,10 @@ class Trial:
             producer.produce(self.topic, value.encode(), partition=0, on_delivery=delivered)
             producer.poll(0)
             await asyncio.sleep(rng.uniform(0.02, 0.15))
-        left = await asyncio.to_thread(producer.flush, 150)
+        left = len(producer)
+        flush_until = time.monotonic() + 150
+        while left and time.monotonic() < flush_until:  # in short steps: cancellable
+            left = await asyncio.to_thread(producer.flush, 1.0)
         self.result.stats["facts produced"] += n
         if left:
             self.violate(
@@ -1378,8 +1392,12 @@ class Trial:
         grace = self.options.deadline_grace_ms
         last: tuple[int, int] = (-1, 0)
         why = "?"
+        told = time.monotonic()
         while time.monotonic() < deadline:
             await asyncio.sleep(0.5)
+            if time.monotonic() - told > 10:
+                told = time.monotonic()
+                self.note(f"not quiet yet: {why}")
             records = await self.records()
             state = fold(records).state
             now = now_ms()
@@ -1419,6 +1437,7 @@ class Trial:
         for slot in self.slots:
             instance = slot.instance
             code, took = await slot.terminate(self.options.stop_bound_s)
+            self.note(f"{instance}: SIGTERM -> exit {code} in {took:.2f} s")
             self.result.stats["stops"] += 1
             self.result.stats["stop ms max"] = max(
                 self.result.stats["stop ms max"], round(took * 1000)
@@ -1499,7 +1518,12 @@ class Trial:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=stderr,
             )
-            out, _ = await proc.communicate()
+            try:
+                out, _ = await proc.communicate()
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
         code = proc.returncode if proc.returncode is not None else -1
         return code, decode_json(out), tail(err)
 
@@ -1922,9 +1946,20 @@ async def run_trials(
         if on_result is not None:
             on_result(result)
 
-    async with Environment(backend, options) as env, asyncio.TaskGroup() as group:
-        for seed in seeds:
-            group.create_task(one(env, seed))
+    # SIGTERM cancels the trials as SIGINT does, so that every process they started is
+    # stopped (by pid) on the way out
+    main = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    if main is not None:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGTERM, main.cancel)
+    try:
+        async with Environment(backend, options) as env, asyncio.TaskGroup() as group:
+            for seed in seeds:
+                group.create_task(one(env, seed))
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGTERM)
     return [results[seed] for seed in seeds]
 
 
@@ -2013,7 +2048,11 @@ def main(args: argparse.Namespace) -> int:
                     print(f"  {line}", file=sys.stderr, flush=True)
 
         started = time.monotonic()
-        results = asyncio.run(run_trials(backend, seeds, options, show))
+        try:
+            results = asyncio.run(run_trials(backend, seeds, options, show))
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            print("quotaledger: bench faults stopped; every process it started is stopped")
+            return 130
         summary = summarize(backend, results, time.monotonic() - started)
         summaries.append(summary)
         failed = failed or bool(summary["violations"])
