@@ -851,9 +851,43 @@ def tail(path: Path, lines: int = 6) -> str:
 # ------------------------------------------------------------------ the environment
 
 
+@dataclass(eq=False)
+class Broker:
+    """A tansu broker and the fault proxy it advertises (every client goes through it)."""
+
+    storage: str
+    tansu: Any
+    proxy: FaultProxy
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    restarts: list[tuple[int, int]] = field(default_factory=list)  # (down ms, up ms)
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.proxy.port}"
+
+    async def restart(self, rng: random.Random) -> str:
+        """SIGKILL or SIGTERM, a pause, then the same broker on the same storage."""
+        async with self.lock:
+            how = rng.choice(["SIGKILL", "SIGTERM"])
+            down_s = rng.uniform(0.1, 1.0)
+            down = now_ms()
+            await asyncio.to_thread(self.tansu.kill if how == "SIGKILL" else self.tansu.stop)
+            await asyncio.sleep(down_s)
+            await asyncio.to_thread(self.tansu.start)
+            self.restarts.append((down, now_ms()))
+            return f"broker {how}, down {down_s:.2f} s"
+
+    async def ensure_up(self) -> None:
+        async with self.lock:
+            if self.tansu.proc is None or self.tansu.proc.poll() is not None:
+                await asyncio.to_thread(self.tansu.start)
+
+
 class Environment:
-    """What trials share: a work directory; on Kafka a moto server, a tansu broker on
-    s3 storage and the fault proxy every broker connection goes through."""
+    """What trials share: a work directory; on Kafka a moto server and two tansu brokers
+    behind their fault proxies, one on ``s3://`` storage (a restart keeps its log: the
+    trials that restart a broker use it, and some others) and one in memory (much faster
+    to read: the other trials)."""
 
     def __init__(self, backend: str, options: Options) -> None:
         if backend not in BACKENDS:
@@ -862,48 +896,28 @@ class Environment:
         self.options = options
         self.dir = Path(tempfile.mkdtemp(prefix=f"bench-faults-{backend}-"))
         self.moto: Any = None
-        self.broker: Any = None
-        self.broker_proxy: FaultProxy | None = None
-        self.broker_lock = asyncio.Lock()
-        self.broker_restarts: list[tuple[int, int]] = []  # (down ms, up again ms)
+        self.brokers: dict[str, Broker] = {}
 
     async def __aenter__(self) -> Environment:
         if self.backend == "kafka":
             from .bench_tansu import Moto, Tansu, free_port
 
             self.moto = await asyncio.to_thread(lambda: Moto().start())
-            port = free_port()
-            self.broker = Tansu(storage="s3://tansu/", env=self.moto.tansu_env(), advertise=port)
-            await asyncio.to_thread(self.broker.start)
-            self.broker_proxy = await FaultProxy(
-                "127.0.0.1", self.broker.port, name="broker"
-            ).start(port)
+            for storage, env in (("s3", self.moto.tansu_env()), ("memory", None)):
+                port = free_port()
+                tansu = Tansu(storage=f"{storage}://tansu/", env=env, advertise=port)
+                await asyncio.to_thread(tansu.start)
+                proxy = await FaultProxy("127.0.0.1", tansu.port, name="broker").start(port)
+                self.brokers[storage] = Broker(storage, tansu, proxy)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self.broker_proxy is not None:
-            await self.broker_proxy.close()
-        if self.broker is not None:
-            await asyncio.to_thread(self.broker.close)
+        for broker in self.brokers.values():
+            await broker.proxy.close()
+            await asyncio.to_thread(broker.tansu.close)
         if self.moto is not None:
             await asyncio.to_thread(self.moto.stop)
         shutil.rmtree(self.dir, ignore_errors=True)
-
-    @property
-    def bootstrap(self) -> str:
-        assert self.broker_proxy is not None
-        return f"127.0.0.1:{self.broker_proxy.port}"
-
-    async def restart_broker(self, rng: random.Random) -> str:
-        async with self.broker_lock:
-            how = rng.choice(["SIGKILL", "SIGTERM"])
-            down_s = rng.uniform(0.1, 1.0)
-            down = now_ms()
-            await asyncio.to_thread(self.broker.kill if how == "SIGKILL" else self.broker.stop)
-            await asyncio.sleep(down_s)
-            await asyncio.to_thread(self.broker.start)
-            self.broker_restarts.append((down, now_ms()))
-            return f"broker {how}, down {down_s:.2f} s"
 
 
 # ------------------------------------------------------------------ one trial
@@ -938,15 +952,25 @@ class Trial:
         self.instances = 0
         self.stopped_at_holes: list[tuple[str, int, str]] = []
         self.tap_task: asyncio.Task[None] | None = None
-        self.tap = KafkaTap(env.bootstrap if env.backend == "kafka" else "", self.topic)
+        self.faults = self._draw_faults()
+        self.broker: Broker | None = None
+        if env.backend == "kafka":
+            restarts = any(kind == "broker-restart" for _, kind in self.faults)
+            s3 = restarts or self.rng.random() < 0.25
+            self.broker = env.brokers["s3" if s3 else "memory"]
+        self.tap = KafkaTap(self.bootstrap, self.topic)
 
     # ---------------------------------------------------------- urls and reads
+
+    @property
+    def bootstrap(self) -> str:
+        return self.broker.bootstrap if self.broker is not None else ""
 
     def engine_url(self, gaps: str) -> str:
         if self.env.backend == "sqlite":
             return str(self.path)
         suffix = "?gaps=fill" if gaps == "fill" else ""
-        return f"kafka://{self.env.bootstrap}/{self.topic}{suffix}"
+        return f"kafka://{self.bootstrap}/{self.topic}{suffix}"
 
     async def records(self) -> list[RawRecord]:
         """The records so far, for waiting (not for the checks: :meth:`final_records`)."""
@@ -1035,7 +1059,7 @@ class Trial:
         ledger = await open_ledger(
             str(self.path)
             if self.env.backend == "sqlite"
-            else f"kafka://{self.env.bootstrap}/{self.topic}",
+            else f"kafka://{self.bootstrap}/{self.topic}",
             create=True,
         )
         await ledger.close()
@@ -1049,7 +1073,9 @@ class Trial:
         if not await self._wait_ready():
             return
         self.note(f"ready: {engines} engines, lease held by {self.server.holder()}")
-        faults = self._draw_faults()
+        faults = self.faults
+        if self.broker is not None:
+            self.note(f"broker storage: {self.broker.storage}")
         stop_scheduler = asyncio.Event()
         async with asyncio.TaskGroup() as group:
             group.create_task(self.cluster.run_scheduler(stop_scheduler))
@@ -1157,7 +1183,8 @@ class Trial:
         """``quotaledger ingest`` runs of a few facts each, at random times."""
         rng = random.Random(self.rng.random())
         runs = rng.randint(1, 3)
-        times = sorted(rng.uniform(0.0, self.options.workload_s - 0.5) for _ in range(runs))
+        # early in the window: an ingest into a long Kafka ledger reads it (slow on s3)
+        times = sorted(rng.uniform(0.0, self.options.workload_s * 0.6) for _ in range(runs))
         start = time.monotonic()
         for run, at_s in enumerate(times):
             await asyncio.sleep(max(0.0, at_s - (time.monotonic() - start)))
@@ -1209,7 +1236,7 @@ class Trial:
         rng = random.Random(self.rng.random())
         producer = confluent_kafka.Producer(
             {
-                "bootstrap.servers": self.env.bootstrap,
+                "bootstrap.servers": self.bootstrap,
                 "acks": "all",
                 "enable.idempotence": False,
                 "linger.ms": 0,
@@ -1350,10 +1377,10 @@ class Trial:
             slot = self._leader_slot() if rng.random() < 0.6 else None
             slot = slot or rng.choice(self.slots)
             return self._link_fault(kind[4:], slot.proxy, slot.instance or slot.name)
-        if kind.startswith("broker-") and self.env.broker_proxy is not None:
+        if kind.startswith("broker-") and self.broker is not None:
             if kind == "broker-restart":
-                return await self.env.restart_broker(rng)
-            return self._link_fault(kind[7:], self.env.broker_proxy, "broker")
+                return await self.broker.restart(rng)
+            return self._link_fault(kind[7:], self.broker.proxy, "broker")
         return None
 
     def _link_fault(self, fault: str, proxy: FaultProxy, who: str) -> str:
@@ -1377,12 +1404,9 @@ class Trial:
             slot.proxy.heal()
             if slot.paused:
                 slot.resume()
-        if self.env.broker_proxy is not None:
-            self.env.broker_proxy.heal()
-            async with self.env.broker_lock:
-                broker = self.env.broker
-                if broker.proc is None or broker.proc.poll() is not None:
-                    await asyncio.to_thread(broker.start)
+        if self.broker is not None:
+            self.broker.proxy.heal()
+            await self.broker.ensure_up()
 
     # ---------------------------------------------------------- quiescence and stop
 
@@ -1477,7 +1501,9 @@ class Trial:
             deadline_grace_ms=self.options.deadline_grace_ms,
             audit=audit,
         )
-        restarted = any(up >= self.started_ms for _, up in self.env.broker_restarts)
+        restarted = self.broker is not None and any(
+            up >= self.started_ms for _, up in self.broker.restarts
+        )
         present = {r.offset for r in records}
         holes = sorted(set(range(max(present, default=-1) + 1)) - present)
         if holes and restarted:
@@ -1504,7 +1530,7 @@ class Trial:
         url = (
             str(self.path)
             if self.env.backend == "sqlite"
-            else f"kafka://{self.env.bootstrap}/{self.topic}"
+            else f"kafka://{self.bootstrap}/{self.topic}"
         )
         err = self.dir / "audit.err"
         self.tool_errs.append(err)

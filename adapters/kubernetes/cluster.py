@@ -214,8 +214,8 @@ async def _lead(
 
     async def ready() -> None:
         nonlocal watcher_task
-        if not elector.holding():
-            term_over.set()
+        if term_over.is_set() or not elector.holding():
+            term_over.set()  # the term ended while the engine caught up: no watcher
             return
         watcher = ClusterWatcher(
             cluster.core,
@@ -240,14 +240,18 @@ async def _lead(
     guard_task = asyncio.create_task(guard())
     engine_task = asyncio.create_task(engine.run(term_over, ready))
     engine_task.add_done_callback(lambda _: term_over.set())
-    try:
-        await term_over.wait()
-    finally:
-        term_over.set()
+
+    async def stop_watcher() -> None:
         if watcher_task is not None:
             watcher_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, NotLeader):
                 await watcher_task
+
+    try:
+        await term_over.wait()
+    finally:
+        term_over.set()
+        await stop_watcher()
         guard_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await guard_task
@@ -256,6 +260,7 @@ async def _lead(
                 await engine_task
             except* NotLeader:
                 log.warning("engine %s: the Lease was lost before it noticed", args.instance)
+        await stop_watcher()  # ready() may have started one while the engine stopped
         if engine.ledger is gated:
             engine.ledger = given if given is not None else ledger
 
