@@ -39,7 +39,7 @@ from quotaledger.engine.live import (  # type: ignore[import-untyped,unused-igno
     LogExecutor,
     SimulateExecutor,
 )
-from quotaledger.events.ledger import Append, Ledger, Record, Snapshot
+from quotaledger.events.ledger import Append, Ledger, LedgerError, Record, Snapshot
 
 from .client import Cluster, connect
 from .executor import KubernetesExecutor
@@ -260,9 +260,21 @@ async def _lead(
                 await engine_task
             except* NotLeader:
                 log.warning("engine %s: the Lease was lost before it noticed", args.instance)
+            except* LedgerError as group:
+                # one clear error (a broker that lost its log), not a group's traceback
+                raise first_error(group) from None
         await stop_watcher()  # ready() may have started one while the engine stopped
         if engine.ledger is gated:
             engine.ledger = given if given is not None else ledger
+
+
+def first_error(group: BaseExceptionGroup[LedgerError]) -> LedgerError:
+    """The first error of a (nested) exception group."""
+    first: BaseException = group
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    assert isinstance(first, LedgerError)
+    return first
 
 
 def _say(text: str) -> None:
