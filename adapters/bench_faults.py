@@ -1561,8 +1561,6 @@ class Trial:
         restarted = self.broker is not None and any(
             up >= self.started_ms for _, up in self.broker.restarts
         )
-        present = {r.offset for r in records}
-        holes = sorted(set(range(max(present, default=-1) + 1)) - present)
         if holes and restarted:
             # the broker lost writes when it was restarted (tansu on s3 does): not the
             # engines' doing; what matters is that no acknowledged fact is among them
