@@ -142,6 +142,13 @@ class Options:
     keep_all: bool = False  # ... and of every other trial too
     parallel: int = 1  # trials at once
     fault_kinds: tuple[str, ...] = ()  # draw only these (default: every kind of the backend)
+    #: share of eviction POSTs answered 429 (default: drawn per trial from 0, 0.2, 0.5)
+    refuse_share: float | None = None
+    #: how often a pause waits (up to 1.5 s) for the leader's next refused eviction, so that
+    #: it stops the leader with a retry pending
+    pause_when_refused: float = 0.5
+    #: a pause lasts the Lease duration plus this much (uniform)
+    pause_extra_s: tuple[float, float] = (0.3, 1.5)
 
 
 @dataclass(frozen=True)
@@ -1090,7 +1097,11 @@ class Trial:
                 "data": scenario.settings,
             },
         )
-        self.server.refuse_share = scenario.eviction_refuse
+        self.server.refuse_share = (
+            scenario.eviction_refuse
+            if self.options.refuse_share is None
+            else self.options.refuse_share
+        )
         self.server.error_share = scenario.eviction_error
         self.server.retry_after = scenario.retry_after
         self.server.on_evicted = self.cluster.evicted
@@ -1389,7 +1400,7 @@ class Trial:
             if slot is None:
                 return None
             how = "at once"
-            if rng.random() < 0.5:  # while its evictions are being refused: retries pending
+            if rng.random() < self.options.pause_when_refused:  # with a retry pending
                 event = self.server.refused.setdefault(slot.name, asyncio.Event())
                 event.clear()
                 with contextlib.suppress(TimeoutError):
@@ -1398,7 +1409,7 @@ class Trial:
                         how = "after a refused eviction"
             if not slot.alive() or slot.instance != self.server.holder():
                 return None
-            pause_s = self.options.lease_duration_s + rng.uniform(0.3, 1.5)
+            pause_s = self.options.lease_duration_s + rng.uniform(*self.options.pause_extra_s)
             instance = slot.instance or "?"
             stopped = now_ms()
             slot.pause()

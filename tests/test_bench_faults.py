@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -409,3 +410,28 @@ def test_bench_faults_short_form(backend: str, tmp_path: Path) -> None:
     assert summary["seen"].get("evictions", 0) >= 5  # the trials really preempted
     applied = summary["faults_applied"]
     assert sum(applied.values()) >= 2 * len(seeds)
+
+
+#: pauses only, most evictions refused and the leader paused with a retry pending, well past
+#: its Lease: a zombie has work in hand when it wakes up
+ZOMBIE_TRIALS: dict[str, Any] = {
+    "fault_kinds": ("pause",),
+    "refuse_share": 0.6,
+    "pause_when_refused": 1.0,
+    "pause_extra_s": (1.5, 3.0),
+}
+
+
+@pytest.mark.slow
+def test_a_planted_zombie_is_reported(tmp_path: Path) -> None:
+    """Engines with a bug planted (tests/planted_engine.py ``no-lease-check``: no Lease or
+    epoch check before an eviction POST or an append, as before DECISIONS 221): paused
+    leaders wake up as zombies and the harness says so (zombie POSTs, zombie decisions, an
+    eviction with two outcomes). In a measured run of the same 6 seeds, 3 trials reported
+    it, and none with the real engine; 8 trials miss it with odds of about 1 in 250."""
+    planted = (sys.executable, str(REPO / "tests" / "planted_engine.py"), "no-lease-check")
+    results = run(
+        "sqlite", range(950, 958), engine_command=planted, keep_dir=tmp_path, **ZOMBIE_TRIALS
+    )
+    found = {v.check for r in results for v in r.violations}
+    assert found & {"zombie-post", "zombie-decision", "eviction-twice"}, found
