@@ -26,14 +26,15 @@ import msgspec
 import pytest
 
 from quotaledger.adapters import bench_faults
-from quotaledger.adapters.bench_fault_proxy import FaultProxy
-from quotaledger.adapters.bench_faults import (
+from quotaledger.adapters.bench_fault_checks import (
     CheckContext,
     EvictionPost,
-    Options,
     RawRecord,
+    Violation,
     check_trial,
 )
+from quotaledger.adapters.bench_fault_proxy import FaultProxy
+from quotaledger.adapters.bench_faults import Options
 from quotaledger.projections import guard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -404,7 +405,7 @@ def test_bench_faults_short_form(backend: str, tmp_path: Path) -> None:
     summary = bench_faults.summarize(backend, results, 0.0)
     lines = [v["seed"] for v in summary["violations"]]
     assert not summary["violations"], (
-        "\n".join(bench_faults.Violation(**v).line() for v in summary["violations"])
+        "\n".join(Violation(**v).line() for v in summary["violations"])
         + f"\n(kept in {tmp_path}: {lines})"
     )
     assert summary["seen"].get("evictions", 0) >= 5  # the trials really preempted
