@@ -244,6 +244,22 @@ def test_gaps_and_fillers_are_reported() -> None:
     assert "gap" in checks(ledger(*events))
 
 
+def test_a_hole_a_broker_restart_left_is_counted_not_flagged() -> None:
+    """DECISIONS 224: an offset the broker lost across a restart is not the engines' doing,
+    but an acknowledged fact among the lost writes is still lost."""
+    fact = {"kind": "NamespaceWeighted", "namespace": "f1", "weight": 2}
+    records = ledger(*good_preemption(), fact)
+    holed = records[:3] + records[4:]
+    assert checks(holed) == ["gap"]
+    assert checks(holed, broker_holes={3}) == []
+    later = {"kind": "NodeUpserted", "name": "n3", "allocatable": {"cpu": 0}}
+    records = ledger(*good_preemption(), fact, later)
+    where = len(records) - 2  # the fact's offset, lost: a hole before the last record
+    lost = [r for r in records if r.offset != where]
+    assert checks(lost, produced={"f1": True}) == ["gap", "fact-lost"]
+    assert checks(lost, broker_holes={where}, produced={"f1": True}) == ["fact-lost"]
+
+
 def test_facts_lost_or_written_twice_are_reported() -> None:
     fact = {"kind": "NamespaceWeighted", "namespace": "f1", "weight": 2}
     bad = {
