@@ -110,11 +110,7 @@ class Tansu:
     def start(self) -> Tansu:
         listener = f"tcp://127.0.0.1:{self.port}"
         self.starts += 1
-        command = tansu_command(tansu_binary(), listener, self.storage)
-        if self.advertise is not None:
-            command[command.index("--advertised-listener-url") + 1] = (
-                f"tcp://127.0.0.1:{self.advertise}"
-            )
+        command = self.command(listener)
         log = open(os.path.join(self.logdir, f"tansu-{self.starts}.log"), "wb")  # noqa: SIM115
         try:
             self.proc = subprocess.Popen(
@@ -128,6 +124,16 @@ class Tansu:
             self.stop()
             raise RuntimeError(f"tansu did not start: {exc}\n{self.log_text()}") from None
         return self
+
+    def command(self, listener: str) -> list[str]:
+        """The broker's command line: listening on ``listener``, advertising it (or the
+        ``advertise`` port)."""
+        command = tansu_command(tansu_binary(), listener, self.storage)
+        if self.advertise is not None:
+            command[command.index("--advertised-listener-url") + 1] = (
+                f"tcp://127.0.0.1:{self.advertise}"
+            )
+        return command
 
     def signal(self, signum: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
