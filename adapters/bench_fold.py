@@ -27,6 +27,18 @@ CLI, which sets ``adapters.cli.GC_THRESHOLDS``):
   appends are outside the append figure.
 * ``digest_chain_events_per_s``: the digest chain alone (sha256 per record, DESIGN §9)
   over the churn records, the part of the fold figure it costs (issue #11).
+* the state hash (DESIGN §5 "State hash"; a second fold of the workload, the churn
+  cut into windows of ``digest_every`` records): ``state_hash_ms``, the hash computed
+  from nothing of the final state (``full_state_hash``, median of 3);
+  ``state_hash_incremental_us``, the kept hash of one ``LedgerDigest`` after a window
+  of churn (``state_hash`` of the settled state, median over the last 3 windows), and
+  ``digest_settle_ms`` the settle before it; ``state_hash_bytes_per_pod``, what the
+  kept digests hold (tracemalloc of the first hash, per pod; ``bytes_per_pod_hashed``
+  adds it to ``bytes_per_pod``);
+* the adversarial shape of DECISIONS 232: the final state's pods as a map sorted but
+  for two keys appended out of order at its tail (what re-upserted pods make):
+  ``tail_state_hash_ms`` (the hash from nothing) and ``tail_snapshot_dump_ms`` (the
+  snapshot's encoding) of that state; both sort nothing quadratically.
 
 Progress goes to stderr; ``--json`` prints exactly one JSON object on stdout.
 """
@@ -57,6 +69,8 @@ from quotaledger.events.codec import decode_event
 from quotaledger.events.ledger import Record
 from quotaledger.events.model import Event
 from quotaledger.projections import Projection, recompute_all
+from quotaledger.projections.snapshot import dump
+from quotaledger.projections.state_digest import forget, full_state_hash, state_hash
 
 from .sqlite_ledger import SqliteLedger
 from .workload import BASE_TS, Clock, Workload, generate
@@ -74,6 +88,8 @@ TARGET_REPLAY_10M_S = 60.0
 #: Issue #11: fold ≥ 0.15 × the msgspec decoder alone; audit --jobs 2 ≤ 0.6 × one process.
 TARGET_FOLD_VS_MSGSPEC = 0.15
 TARGET_AUDIT_JOBS2_VS_1 = 0.6
+#: Issue #16: the one-process audit of the engine-written bench ledger.
+TARGET_AUDIT_1M_S = 20.0
 
 
 _ENCODE = msgspec.json.Encoder().encode
@@ -356,6 +372,69 @@ def measure_chain(records: Sequence[Record], runs: int = 3) -> float:
     return best
 
 
+def measure_state_hash(work: Workload, window: int = 10_000, windows: int = 3) -> dict[str, float]:
+    """The state hash on a second fold of the workload: kept from the start of the
+    last ``windows`` windows of ``window`` churn records, timed after each window
+    (settle, then the hash); then its memory, the hash from nothing and the
+    adversarial map shape on the final state (module docstring)."""
+    churn = work.churn or work.pods
+    cut = max(0, len(churn) - window * windows)
+    projection = Projection()
+    fold_records(projection, [*work.config, *(work.pods if work.churn else []), *churn[:cut]])
+    state = projection.state
+    state_hash(state)
+    settles: list[float] = []
+    hashes: list[float] = []
+    for start in range(cut, len(churn), window):
+        fold_records(projection, churn[start : start + window])
+        began = time.perf_counter()
+        projection.settled()
+        settles.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        state_hash(state)
+        hashes.append(time.perf_counter() - began)
+    forget(state)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        kept = state_hash(state)
+        gc.collect()
+        memo_bytes = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    full = []
+    for _ in range(3):
+        began = time.perf_counter()
+        again = full_state_hash(state)
+        full.append(time.perf_counter() - began)
+    assert again == kept, "the kept state hash differs from the one computed from nothing"
+    # two keys appended out of order at the tail of a sorted 100k-entry map
+    pods = state.pods
+    keys = sorted(pods)
+    moved = [keys[0], keys[len(keys) // 2]] if len(keys) > 2 else []
+    state.pods = {key: pods[key] for key in [*(k for k in keys if k not in moved), *moved]}
+    forget(state)
+    began = time.perf_counter()
+    tail_hash = full_state_hash(state)
+    tail_hash_s = time.perf_counter() - began
+    began = time.perf_counter()
+    dump(state)
+    tail_dump_s = time.perf_counter() - began
+    assert tail_hash == kept, "the order of the pods map changed the state hash"
+    state.pods = pods
+    forget(state)
+    return {
+        "state_hash_ms": statistics.median(full) * 1000,
+        "state_hash_incremental_us": statistics.median(hashes) * 1e6,
+        "digest_settle_ms": statistics.median(settles) * 1000,
+        "state_hash_bytes_per_pod": memo_bytes / max(1, len(pods)),
+        "tail_state_hash_ms": tail_hash_s * 1000,
+        "tail_snapshot_dump_ms": tail_dump_s * 1000,
+        "hash_windows": len(hashes),
+    }
+
+
 # -------------------------------------------------------------------- report
 
 
@@ -410,6 +489,16 @@ def run(
     chain_rate = len(churn) / measure_chain(churn)
     say(f"digest chain alone: {chain_rate:,.0f} events/s")
 
+    hashing = measure_state_hash(work, window=digest_every)
+    say(
+        f"state hash: from nothing {hashing['state_hash_ms']:.1f} ms, kept"
+        f" {hashing['state_hash_incremental_us']:,.0f} us after {digest_every:,} records"
+        f" (settle {hashing['digest_settle_ms']:.1f} ms), kept digests"
+        f" {hashing['state_hash_bytes_per_pod']:,.0f} B/pod; pods map with two keys out of"
+        f" order at its tail: hash {hashing['tail_state_hash_ms']:.1f} ms,"
+        f" snapshot {hashing['tail_snapshot_dump_ms']:.1f} ms"
+    )
+
     with tempfile.TemporaryDirectory(prefix="quotaledger-bench-") as directory:
         path = os.path.join(directory, "bench.db")
         append_s, read_s, read_count, checkpoints = measure_sqlite(
@@ -445,6 +534,13 @@ def run(
         "append_events_per_s": round(append_rate),
         "read_events_per_s": round(read_rate),
         "bytes_per_pod": round(bytes_per_pod),
+        "bytes_per_pod_hashed": round(bytes_per_pod + hashing["state_hash_bytes_per_pod"]),
+        "state_hash_ms": round(hashing["state_hash_ms"], 1),
+        "state_hash_incremental_us": round(hashing["state_hash_incremental_us"]),
+        "digest_settle_ms": round(hashing["digest_settle_ms"], 1),
+        "state_hash_bytes_per_pod": round(hashing["state_hash_bytes_per_pod"]),
+        "tail_state_hash_ms": round(hashing["tail_state_hash_ms"], 1),
+        "tail_snapshot_dump_ms": round(hashing["tail_snapshot_dump_ms"], 1),
         "replay_10m_estimate_s": round(replay_s, 1),
         "replay_1m_s": round(cli["replay_1m_s"], 2),
         "audit_1m_s": round(cli["audit_1m_s"], 2),
@@ -485,6 +581,8 @@ def targets_met(report: dict[str, Any]) -> dict[str, bool]:
         "fold_vs_msgspec": report["fold_vs_msgspec"] >= TARGET_FOLD_VS_MSGSPEC,
         "audit_jobs2_vs_1": report["audit_jobs2_vs_1"] <= TARGET_AUDIT_JOBS2_VS_1,
         "bytes_per_pod": report["bytes_per_pod"] <= TARGET_BYTES_PER_POD,
+        "bytes_per_pod_hashed": report["bytes_per_pod_hashed"] <= TARGET_BYTES_PER_POD,
+        "audit_1m_s": report["audit_1m_s"] <= TARGET_AUDIT_1M_S,
         "replay_10m_estimate_s": report["replay_10m_estimate_s"] <= TARGET_REPLAY_10M_S,
     }
 
@@ -508,9 +606,15 @@ _ROWS = (
     ("append_events_per_s", "SQLite append", "events/s", None),
     ("read_events_per_s", "SQLite read", "events/s", None),
     ("bytes_per_pod", "memory per pod", "bytes", f"<= {TARGET_BYTES_PER_POD}"),
+    ("bytes_per_pod_hashed", "... with kept digests", "bytes", f"<= {TARGET_BYTES_PER_POD}"),
+    ("state_hash_ms", "state hash (nothing kept)", "ms", None),
+    ("state_hash_incremental_us", "state hash (kept)", "us", None),
+    ("digest_settle_ms", "settle before a digest", "ms", None),
+    ("tail_state_hash_ms", "hash, tail out of order", "ms", None),
+    ("tail_snapshot_dump_ms", "snapshot, tail disorder", "ms", None),
     ("replay_10m_estimate_s", "10M replay (estimate)", "s", f"<= {TARGET_REPLAY_10M_S:g}"),
     ("replay_1m_s", "replay (CLI)", "s", None),
-    ("audit_1m_s", "audit (CLI)", "s", None),
+    ("audit_1m_s", "audit (CLI)", "s", f"<= {TARGET_AUDIT_1M_S:g}"),
     ("audit_1m_jobs2_s", "audit --jobs 2 (CLI)", "s", None),
     ("audit_jobs2_vs_1", "audit jobs 2 / jobs 1", "", f"<= {TARGET_AUDIT_JOBS2_VS_1}"),
 )

@@ -25,13 +25,13 @@ from typing import Any, TextIO
 import msgspec
 
 from quotaledger.engine.fold_loop import Until, fold, parse_until
-from quotaledger.engine.render import amounts, tree_text
+from quotaledger.engine.render import amounts, tree_lines, tree_text
 from quotaledger.engine.restore import ChainedFold, Restored, restore
-from quotaledger.events.codec import encode_event, peek_kind
+from quotaledger.events.codec import EventError, decode_event, encode_event, peek_kind
 from quotaledger.events.ledger import Append, LedgerError, Record, Snapshot
 from quotaledger.events.model import LedgerDigest, LedgerOpened
 from quotaledger.events.times import MAX_DELAY_S
-from quotaledger.projections import Projection, state_hash, state_json
+from quotaledger.projections import Projection, rfc3339, state_hash, state_json
 from quotaledger.projections.snapshot import SnapshotError, dump
 
 from .demo import add_demo_parser
@@ -187,6 +187,12 @@ def _check_end(until: Until, state_offset: int, option: str = "--until") -> None
     (DECISIONS 36); a time past the end is the end."""
     if until.offset is not None and state_offset < until.offset:
         raise UserError(f"{option} {until.offset}: the ledger ends at offset {state_offset}")
+    if until.ts is not None and state_offset < 0:
+        # DECISIONS 266: no state before the first record (LedgerOpened), not offset -1.
+        raise UserError(
+            f"{option} {rfc3339(until.ts)}: before the ledger opened (its first record,"
+            " offset 0, is later): no state then"
+        )
 
 
 def _batched(items: Iterable[Record], size: int = 5000) -> Iterator[list[Record]]:
@@ -289,22 +295,82 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
+    """The indented tree alone (DECISIONS 263); ``replay`` adds the header and footer."""
     restored = fold_path(_ledger_arg(args.source), args)
-    print(tree_text(state_json(restored.projection.state)))
+    print("\n".join(tree_lines(state_json(restored.projection.state))))
     return 0
+
+
+class IngestProgress:
+    """What one ``ingest`` run has appended: its own records, by the offsets the
+    ledger assigned them, whatever other writers append before, between or after
+    them (DECISIONS 202)."""
+
+    def __init__(self, from_line: int) -> None:
+        #: Records of this run known to be in the ledger, and their first and last offsets.
+        self.count = 0
+        self.first: int | None = None
+        self.last: int | None = None
+        #: The physical line to resume from after them (``--from-line``).
+        self.resume_line = from_line
+        #: Offsets below this existed before the run: none of its records is there.
+        self.floor = 1
+        #: The batch being appended: each payload and the line to resume from after it.
+        self.sending: list[tuple[bytes, int]] = []
+
+    def took(self, offset: int, resume_line: int) -> None:
+        """One record of this run is in the ledger at ``offset``."""
+        self.count += 1
+        if self.first is None:
+            self.first = offset
+        self.last = offset
+        self.resume_line = resume_line
+
+    def offsets(self) -> str:
+        """Where this run's records are, for a message ("" for nowhere)."""
+        if self.first is None or self.last is None:
+            return ""
+        if self.first == self.last:
+            return f"offset {self.first}"
+        return f"offsets {self.first}..{self.last}"
+
+    async def settle(self, target: Path | str) -> None:
+        """After an interruption during an append: find which records of the batch
+        being sent reached the ledger (an append is atomic on SQLite; a large one
+        on Kafka may be split), reading after this run's last known record."""
+        sending, self.sending = self.sending, []
+        if not sending:
+            return
+        start = self.floor if self.last is None else self.last + 1
+        ledger = await open_ledger(str(target), create=False)
+        try:
+            at = 0
+            async for batch in ledger.read(start):
+                for record in batch:
+                    if record.payload == sending[at][0]:
+                        self.took(record.offset, sending[at][1])
+                        at += 1
+                        if at == len(sending):
+                            return
+        finally:
+            await ledger.close()
 
 
 class IngestStopped(UserError):
     """``ingest --strict`` stopped at a bad line after appending the lines before it."""
 
-    def __init__(self, error: JsonlError, count: int, last: int | None) -> None:
+    def __init__(self, error: JsonlError, progress: IngestProgress, created: bool) -> None:
         super().__init__(str(error))
-        self.error, self.count, self.last = error, count, last
+        self.error, self.progress, self.created = error, progress, created
 
 
 async def _ingest(
-    source: JsonlInput, target: Path | str, strict: bool, from_line: int, resume: dict[int, int]
-) -> tuple[int, int]:
+    source: JsonlInput,
+    target: Path | str,
+    strict: bool,
+    from_line: int,
+    progress: IngestProgress,
+) -> None:
     """Append the source's lines to the ledger, whole lines only, in batches.
 
     A new ledger is created only once the first line is known to be good (or
@@ -312,21 +378,33 @@ async def _ingest(
     file behind. Stopped by a bad line under ``strict``, the lines before it
     are appended and :class:`IngestStopped` says how many (DESIGN §9).
 
-    ``resume`` receives, for each batch before it is appended, the ledger's
-    last offset once that batch is in -> the physical line to resume from, so
-    an interrupted run can name its ``--from-line`` from what the ledger holds.
+    ``progress`` follows the run by the offsets each append returns (other
+    writers may append to the same ledger meanwhile): how many records, where,
+    and the line to resume from; ``sending`` is the batch in flight, so an
+    interrupted run can find out whether it landed (:meth:`IngestProgress.settle`).
     """
     # A Kafka topic (DESIGN §10) is opened, or created with its LedgerOpened, at once.
     new = isinstance(target, Path) and (not target.exists() or target.stat().st_size == 0)
     ledger = None
-    count = 0
     batch: list[Append] = []
+    after: list[int] = []  # the line to resume from after each line of the batch
+
+    async def send() -> None:
+        assert ledger is not None
+        progress.sending = [(item.payload, line) for item, line in zip(batch, after, strict=True)]
+        offsets = await ledger.append(batch)
+        for offset, line in zip(offsets, after, strict=True):
+            progress.took(offset, line)
+        progress.sending = []
+        batch.clear()
+        after.clear()
+
     try:
         if not new:
             ledger = await open_ledger(str(target), create=True, opened_at_ms=0)
         first = 1 if ledger is None else await ledger.last_offset() + 1
-        resume[first - 1] = from_line
-        progress = progress_for("ingest", None, None)
+        progress.floor = first
+        meter = progress_for("ingest", None, None)
         lines = read_lines(source, strict=strict, first_offset=first, from_line=from_line)
         for line in lines:
             if ledger is None:
@@ -334,38 +412,22 @@ async def _ingest(
                 # JSONL replay: the wall clock would clamp every older `at` up.
                 ledger = await open_ledger(str(target), create=True, opened_at_ms=0)
             batch.append(Append(payload=line.payload, ts=line.ts))
-            resume[first + count + len(batch) - 1] = line.number + 1
+            after.append(line.number + 1)
             if len(batch) >= 1000:
-                await ledger.append(batch)
-                count += len(batch)
-                batch = []
-                progress(count)
+                await send()
+                meter(progress.count)
         if ledger is None:  # an empty input still initialises the ledger
             ledger = await open_ledger(str(target), create=True, opened_at_ms=0)
         if batch:
-            await ledger.append(batch)
-            count += len(batch)
-        progress.close()
-        return count, await ledger.last_offset()
+            await send()
+        meter.close()
     except JsonlError as exc:
-        last = None
-        if ledger is not None:
-            if batch:
-                await ledger.append(batch)
-                count += len(batch)
-            last = await ledger.last_offset()
-        raise IngestStopped(exc, count, last) from None
+        if ledger is not None and batch:
+            await send()
+        raise IngestStopped(exc, progress, ledger is not None) from None
     finally:
         if ledger is not None:
             await ledger.close()
-
-
-async def _tail(path: Path | str) -> int:
-    ledger = await open_ledger(str(path), create=False)
-    try:
-        return await ledger.last_offset()
-    finally:
-        await ledger.close()
 
 
 async def _init(url: str, opened_at_ms: int | None) -> tuple[str, int]:
@@ -396,38 +458,31 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         raise UserError(f"--from-line {args.from_line}: lines are numbered from 1")
     named = _ledger_arg(args.ledger)
     target = named if isinstance(named, str) else _writable_ledger(named)
-    # a new ledger's LedgerOpened (offset 0) is not one of the file's records
-    exists = isinstance(target, str) or (target.exists() and target.stat().st_size > 0)
-    before = asyncio.run(_tail(target)) if exists else 0
-    resume: dict[int, int] = {}
+    progress = IngestProgress(args.from_line)
+    again = f"quotaledger ingest {args.source} {args.ledger} --from-line"
     with open_jsonl(args.source, buffer_stdin=False) as source:
         try:
-            count, last = asyncio.run(_ingest(source, target, args.strict, args.from_line, resume))
+            asyncio.run(_ingest(source, target, args.strict, args.from_line, progress))
         except IngestStopped as stop:
-            where = "no ledger was created" if stop.last is None else f"last offset {stop.last}"
-            again = (
-                f"quotaledger ingest {args.source} {args.ledger}"
-                f" --from-line {stop.error.line} --strict"
-            )
+            where = (progress.offsets() or "none") if stop.created else "no ledger was created"
             raise UserError(
-                f"{stop.error}\nquotaledger: appended {stop.count} record(s) to {args.ledger}"
-                f" ({where}); line {stop.error.line} and after were not appended."
-                f" Fix the line, then resume with:\n  {again}"
+                f"{stop.error}\nquotaledger: appended {progress.count} record(s) to"
+                f" {args.ledger} ({where}); line {stop.error.line} and after were not"
+                f" appended. Fix the line, then resume with:\n"
+                f"  {again} {stop.error.line} --strict"
             ) from None
         except Interrupted as exc:
             # Each batch is one transaction: what the ledger holds is whole batches.
-            last = asyncio.run(_tail(target)) if isinstance(target, str) or target.exists() else -1
+            if progress.sending and (isinstance(target, str) or target.exists()):
+                asyncio.run(progress.settle(target))
+            where = progress.offsets()
             exc.detail = (
-                f"appended {max(0, last - before)} record(s) to {args.ledger} before stopping;"
-                f" last offset {last}"
+                f"appended {progress.count} record(s) to {args.ledger} before stopping"
+                f"{f' ({where})' if where else ''}; resume with: {again} {progress.resume_line}"
             )
-            if last in resume:
-                exc.detail += (
-                    f"; resume with: quotaledger ingest {args.source} {args.ledger}"
-                    f" --from-line {resume[last]}"
-                )
             raise
-    print(f"appended {count} record(s) to {args.ledger}; last offset {last}")
+    where = progress.offsets()
+    print(f"appended {progress.count} record(s) to {args.ledger}{f' at {where}' if where else ''}")
     return 0
 
 
@@ -537,7 +592,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         _print_json(result)
     else:
         for decision in result["decisions"]:
-            print(describe_decision(decision))
+            # The ledger's opening record is no decision (DECISIONS 265; --json keeps it).
+            if decision["kind"] != "LedgerOpened":
+                print(describe_decision(decision))
         print(tree_text(result["state"]))
     return 0
 
@@ -769,6 +826,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
         )
     if args.pod is not None:
         report = report.for_pod(args.pod)
+        if not report.findings and not _with_ledger_records(
+            ledger, lambda source: _mentions_pod(source, args.pod), "audit"
+        ):
+            raise UserError(f"--pod {args.pod}: no such pod in {args.ledger}")
     if args.json:
         document = report_json(report)
         if args.pod is not None:
@@ -777,6 +838,20 @@ def cmd_audit(args: argparse.Namespace) -> int:
     else:
         print(report_text(report))
     return 1 if report.failed else 0
+
+
+def _mentions_pod(source: RecordSource, uid: str) -> bool:
+    """True when a pod fact of the ledger names ``uid`` (``audit --pod``: a pod the
+    ledger never held is "no such pod", exit 2, like every other not-found)."""
+    for record in source(0):
+        if peek_kind(record.payload) in ("PodUpserted", "PodRemoved"):
+            try:
+                event = decode_event(record.payload)
+            except EventError:
+                continue
+            if getattr(event, "uid", None) == uid:
+                return True
+    return False
 
 
 def _fold_for_whatif(path: Path | str, until: Until, args: argparse.Namespace) -> Projection:
@@ -1007,8 +1082,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     tree = commands.add_parser(
         "tree",
-        help="show the quota tree in human units",
-        description="The tree with min/max/request/used/runtime per quota.",
+        help="show the quota tree alone, in human units",
+        description="The quota tree alone: root and every quota indented under its parent"
+        " with min/max/request/used/runtime (cpu in cores, memory in bytes with binary"
+        " units), then any orphans. `replay` prints the same tree with a header (offset,"
+        " time, hash, cluster totals) and a footer (running preemptions, rejected records).",
         epilog="examples:\n  quotaledger tree examples/koordinator.jsonl\n"
         "  quotaledger tree ledger.db --until 2026-01-01T00:00:00Z\n",
         formatter_class=raw,

@@ -400,9 +400,20 @@ class Server:
             if until.offset is not None and until.offset > await self.ledger.last_offset():
                 raise ApiError(404, f"offset {until.offset} is past the end of the ledger", "at")
             state = await self.fold_until(until)
+            if state.offset < 0:
+                raise ApiError(404, await self._before_opening(text), "at")
             body = await asyncio.to_thread(lambda: _ENCODER.encode(state_json(state)))
             return web.Response(body=body, content_type=_JSON)
         return web.Response(body=await self.current_state_json(), content_type=_JSON)
+
+    async def _before_opening(self, text: str) -> str:
+        """``?at=`` before the ledger's first record: there is no state then (an
+        error, not a silently empty state at offset -1; DECISIONS 266)."""
+        async for batch in self.ledger.inner.read(0):
+            if batch:
+                opened = rfc3339(batch[0].ts)
+                return f"at {text}: before the ledger opened (offset 0 at {opened}): no state then"
+        return f"at {text}: the ledger holds no record"
 
     async def current_state_json(self) -> bytes:
         """The state JSON now: cached per offset, and computed by one reader at a
@@ -851,8 +862,14 @@ def tree_document(state: ProjectedState) -> dict[str, Any]:
 # ---------------------------------------------------------------- running it
 
 
-async def open_ledger_url(text: str, *, snapshots: str | None = None) -> Ledger:
+async def open_ledger_url(
+    text: str, *, snapshots: str | None = None, read_only: bool = False
+) -> Ledger:
     """The ledger named by a LEDGER argument (DESIGN §10 URLs), created when empty.
+
+    ``read_only`` (``serve --read-only``) opens an existing ledger without writing
+    to it, as ``replay`` and ``audit`` do, so a ledger on a read-only medium or
+    another user's file can be served (DESIGN §9); it never creates one.
 
     The one hook for the Kafka backend: when ``quotaledger.adapters.ledger_url``
     (its ``open_ledger(url, create=..., snapshots=...)``) is installed, every URL
@@ -863,7 +880,9 @@ async def open_ledger_url(text: str, *, snapshots: str | None = None) -> Ledger:
     except ModuleNotFoundError:
         urls = None
     if urls is not None:
-        ledger: Ledger = await urls.open_ledger(text, create=True, snapshots=snapshots)
+        ledger: Ledger = await urls.open_ledger(
+            text, create=not read_only, snapshots=snapshots, read_only=read_only
+        )
         return ledger
     from .sqlite_ledger import SqliteLedger
 
@@ -872,7 +891,7 @@ async def open_ledger_url(text: str, *, snapshots: str | None = None) -> Ledger:
     if snapshots is not None:
         raise LedgerError("--snapshots is for Kafka ledgers; a SQLite ledger keeps its own")
     path = text.removeprefix("sqlite://") if text.startswith("sqlite:///") else text
-    return await SqliteLedger.open(path, create=True)
+    return await SqliteLedger.open(path, create=not read_only, read_only=read_only)
 
 
 async def serve(
@@ -887,7 +906,7 @@ async def serve(
     """Open the ledger and run a :class:`Server` until SIGTERM/SIGINT or ``stop``."""
     import signal
 
-    ledger = await open_ledger_url(ledger_url, snapshots=snapshots)
+    ledger = await open_ledger_url(ledger_url, snapshots=snapshots, read_only=options.read_only)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     if signals:

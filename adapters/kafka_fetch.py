@@ -12,11 +12,17 @@ Rules, the same as aiokafka's fetcher keeps:
 * the fetch **position** is where the next fetch starts. It moves past every
   batch of a response, control batches included. It is not the ledger's next
   offset: a control batch (a transaction marker) takes offsets but holds no
-  record, so the ledger sees a gap there (§10) when the next record comes;
+  record, so the ledger sees a gap there (§10) when the next record comes. The
+  offsets of each control batch are reported (:attr:`Fetched.markers`): they
+  are the broker's proof that those offsets will never hold a record
+  (DECISIONS 200); a skip between two data batches proves nothing;
 * a fetch inside a batch returns the whole batch: its records before the
   position are dropped, as are batches that end before it;
 * every batch's CRC is checked; a batch that fails it is an error naming its
-  offset, never records;
+  offset, never records. The batches before it in the same response are
+  returned first, with the position at the damaged batch: the next fetch starts
+  there and meets it first, so a reader hands out every record before the damage
+  and then stops with the error (DESIGN §9, §10; DECISIONS 204);
 * a response with bytes but no complete batch (a batch larger than the fetch
   size, from a broker that does not return a first batch whole) is fetched again
   with four times the size, up to :data:`MAX_FETCH_BYTES`, then an error;
@@ -96,29 +102,42 @@ class Fetched:
     log_start: int = -1
     #: The broker answered OFFSET_OUT_OF_RANGE for the position.
     out_of_range: bool = False
+    #: ``(first, end)`` of each control batch in the response: offsets that hold no record, ever.
+    markers: list[tuple[int, int]] = field(default_factory=list)
 
 
-def record_batches(where: str, data: bytes, position: int) -> tuple[list[Iterable[Message]], int]:
+def record_batches(
+    where: str,
+    data: bytes,
+    position: int,
+    markers: list[tuple[int, int]] | None = None,
+) -> tuple[list[Iterable[Message]], int]:
     """The record batches of a fetched message set, and the next fetch position.
 
     Drops control batches and whatever lies before ``position``; checks each
-    batch's CRC. Raises :class:`LedgerError` for a batch that fails its CRC. An
+    batch's CRC. A batch that fails its CRC ends the batches returned, the
+    position at it; with no data batch before it, :class:`LedgerError`. An
     incomplete batch at the end of ``data`` (the fetch size cut it) is left for
-    the next fetch: the position stops before it.
+    the next fetch: the position stops before it. ``markers`` receives the
+    ``(first, end)`` offsets of each control batch dropped.
     """
     records = MemoryRecords(data)
     batches: list[Iterable[Message]] = []
     while records.has_next():
         batch = records.next_batch()
         if not batch.validate_crc():
+            if batches:
+                break  # the records before it first; the next fetch meets it first
             raise LedgerError(
-                f"{where}: the record batch before offset {batch.next_offset} fails its CRC"
+                f"{where}: the record batch at offset {batch.base_offset} fails its CRC"
                 " check: the broker sent damaged data; refusing to read it"
             )
         end = batch.next_offset
         if end <= position:
             continue
         if batch.is_control_batch:
+            if markers is not None:  # control batches exist in message format v2 only
+                markers.append((max(batch.base_offset, position), end))
             position = end
             continue
         if type(batch) is not DefaultRecordBatch:
@@ -230,10 +249,11 @@ class PartitionFetcher:
                 if error_code:
                     self._fail(error_code, position)
                 data = rest[-1]
-                batches, after = record_batches(self.where, data, position)
+                markers: list[tuple[int, int]] = []
+                batches, after = record_batches(self.where, data, position, markers)
                 if not batches and after == position and _incomplete(data):
                     return None
-                return Fetched(batches, after, highwater, log_start)
+                return Fetched(batches, after, highwater, log_start, markers=markers)
         return Fetched([], position)  # the broker said nothing of the partition
 
     def _fail(self, error_code: int, position: int) -> None:

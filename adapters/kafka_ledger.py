@@ -3,12 +3,16 @@
 Rules this backend keeps, whatever the broker:
 
 * **the partition offset is the ledger offset.** A reader checks that every
-  message follows the previous one: a gap (retention, compaction, transaction
-  markers) stops it with :class:`LedgerGap` naming the offset; an offset going
-  back (a broker that lost its log and started again) stops it with
-  :class:`LedgerMismatch`. Record 0 must be ``LedgerOpened`` with this ledger's
-  id, or the reader stops too (a reset topic re-initialised by someone else is
-  another history);
+  message follows the previous one. A skip is a hole only when proven
+  (DECISIONS 200): a broker may make a later batch readable before an earlier
+  one, so the reader fetches again from the first missing offset, never past
+  it, until the records come, the broker proves them gone (the log start moved
+  past them, transaction markers cover them) or ``gap_patience_s`` ends; then
+  it stops with :class:`LedgerGap` naming the offsets, or with ``gaps=fill``
+  reads them as fillers (:class:`GapJudge`). An offset going back (a broker
+  that lost its log and started again) stops it with :class:`LedgerMismatch`.
+  Record 0 must be ``LedgerOpened`` with this ledger's id, or the reader stops
+  too (a reset topic re-initialised by someone else is another history);
 * **ts** of a message is its value's ``at`` when present (and within the bounds
   of §9), else the Kafka record timestamp; then clamped up to the previous
   record's ts. Every reader computes the same ts: it depends only on the values
@@ -18,11 +22,14 @@ Rules this backend keeps, whatever the broker:
   the timestamps from the nearest point it knows (at worst offset 0);
 * **reads are Fetch requests** sent through aiokafka's client, their record
   batches walked straight into records (:mod:`.kafka_fetch`, DECISIONS 140): a
-  transaction marker (control batch) holds offsets but no record, so it is a gap;
+  transaction marker (control batch) holds offsets but no record, so it is a
+  gap, a proven one;
 * **the tail is found by reading**: a read without ``follow`` ends at the first
-  fetch that returns nothing. ``end_offsets``, ``offsets_for_times``,
-  idempotent producers and transactions are never used (tansu reports end
-  offsets wrongly and has neither of the others);
+  fetch that returns nothing, or once it has read up to the high watermark of
+  its first answer (so it ends while others keep appending, DECISIONS 203).
+  ``end_offsets``, ``offsets_for_times``, idempotent producers and transactions
+  are never used (tansu reports end offsets wrongly and has neither of the
+  others);
 * **appends** go with ``acks=all``, one Kafka record batch per call when it fits
   (``max_batch_size``), and are retried on broker errors until
   ``append_timeout_s``. A retried append may land twice: the projection ignores
@@ -31,6 +38,13 @@ Rules this backend keeps, whatever the broker:
 Snapshots live in a local SQLite file (``snapshots=PATH``), keyed by ledger_id
 (:mod:`quotaledger.adapters.snapshot_store`); without one, ``save_snapshot`` is
 a no-op and ``load_snapshot`` finds nothing.
+
+A handle opened ``read_only`` (the read-only commands, DESIGN §9) writes
+nothing anywhere: it creates no topic, has no producer, refuses ``append`` and
+``save_snapshot`` with a :class:`LedgerError` saying it is read-only, and reads
+the snapshot file through a query-only connection (none when the file does not
+exist). Whether the credentials may write is the broker's ACLs' business (§10;
+DECISIONS 205).
 """
 
 from __future__ import annotations
@@ -38,9 +52,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any
@@ -57,7 +72,15 @@ from quotaledger.events.model import FactRejected, LedgerOpened
 from .kafka_fetch import FETCH_BYTES, Fetched, Message, PartitionFetcher
 from .snapshot_store import SnapshotStore
 
-__all__ = ["FETCH_BYTES", "KafkaLedger", "LedgerGap", "wall_clock_ms"]
+__all__ = [
+    "FETCH_BYTES",
+    "GAP_PATIENCE_S",
+    "GapJudge",
+    "KafkaLedger",
+    "LedgerGap",
+    "sequence",
+    "wall_clock_ms",
+]
 
 log = logging.getLogger("quotaledger.kafka")
 
@@ -89,6 +112,15 @@ TAIL_WAIT_MS = 50
 #: broker returns a first batch whole even when it is bigger.
 HEAD_FETCH_BYTES = 64 * 1024
 _KNOWN_TS_LIMIT = 4096
+#: How long offsets a fetch skipped may stay unreadable while later ones are
+#: readable before a reader gives up on them (``gap_patience_s``, DECISIONS 200).
+GAP_PATIENCE_S = 60.0
+#: The first and the longest pause between fetches at a skip not yet proven (s).
+HOLE_RETRY_S = 0.002
+HOLE_RETRY_MAX_S = 0.2
+#: A skip not seen for longer than this (no answer, a paused process) counts its patience
+#: again from its next sighting: the patience is time the broker was seen serving reads.
+HOLE_SEEN_GAP_S = 10.0
 
 
 class LedgerGap(LedgerError):
@@ -146,8 +178,11 @@ class KafkaLedger:
         poll_ms: int,
         append_timeout_s: float,
         fill_gaps: bool = False,
+        gap_patience_s: float = GAP_PATIENCE_S,
+        read_only: bool = False,
     ) -> None:
-        """Internal: use :meth:`open`."""
+        """Internal: use :meth:`open` (``producer`` is None when ``read_only``)."""
+        self._read_only = read_only
         #: Read a skip inside the log as filler records instead of stopping (gaps=fill).
         self.fill_gaps = fill_gaps
         self.bootstrap = list(bootstrap)
@@ -173,6 +208,12 @@ class KafkaLedger:
         self.tail_patience_s = 30.0
         #: Bytes asked for per fetch.
         self.fetch_bytes = FETCH_BYTES
+        #: How long offsets a fetch skipped may stay unreadable, while later ones are
+        #: readable, before the reader stops (gaps=stop) or fills them (gaps=fill).
+        self.gap_patience_s = gap_patience_s
+        #: Skips this handle waited at (a later batch readable before an earlier one).
+        self.hole_waits = 0
+        self._judged: dict[int, int] = {}
 
     # ------------------------------------------------------------------ open
 
@@ -192,36 +233,48 @@ class KafkaLedger:
         poll_ms: int = 100,
         append_timeout_s: float = 120.0,
         gaps: str = "stop",
+        gap_patience_s: float = GAP_PATIENCE_S,
+        read_only: bool = False,
     ) -> KafkaLedger:
         """Open the ledger in ``topic``; with ``create``, make the topic (one
         partition, kept forever) and write its ``LedgerOpened`` when missing.
+        ``read_only`` never creates or writes anything (module docstring): it
+        opens an existing ledger as with ``create=False``.
 
         ``LedgerOpened`` carries ``at`` = ``opened_at_ms`` (default: the wall
         clock), so later facts with an older ``at`` are clamped up to it (§10).
         Raises :class:`LedgerError` when the topic is missing or empty without
         ``create``, has more than one partition, or does not start with
         ``LedgerOpened``; :class:`LedgerMismatch` when its id is not
-        ``expect_ledger_id``. ``gaps="fill"`` reads a skip inside the log as
-        filler records (see :func:`sequence`) instead of stopping.
+        ``expect_ledger_id``. At a skip in the offsets a reader fetches again
+        for up to ``gap_patience_s`` unless the broker proves the offsets gone;
+        then it stops with :class:`LedgerGap`, or with ``gaps="fill"`` reads
+        them as filler records (:class:`GapJudge`, DECISIONS 200).
         """
         if gaps not in ("stop", "fill"):
             raise LedgerError(f"gaps must be 'stop' or 'fill', not {gaps!r}")
+        if not gap_patience_s >= 0:
+            raise LedgerError(f"gap_patience_s must be >= 0, not {gap_patience_s!r}")
         servers = [bootstrap] if isinstance(bootstrap, str) else list(bootstrap)
         options = dict(client_options or {})
         where = f"kafka://{','.join(servers)}/{topic}"
+        if read_only:
+            create = False
         await _ensure_topic(servers, topic, options, create, where)
-        producer = AIOKafkaProducer(
-            bootstrap_servers=servers,
-            **producer_settings(),
-            request_timeout_ms=10_000,
-            retry_backoff_ms=100,
-            **options,
-        )
-        try:
-            await producer.start()
-        except KafkaError as exc:
-            await producer.stop()
-            raise LedgerError(f"{where}: cannot connect: {exc}") from None
+        producer: Any = None
+        if not read_only:
+            producer = AIOKafkaProducer(
+                bootstrap_servers=servers,
+                **producer_settings(),
+                request_timeout_ms=10_000,
+                retry_backoff_ms=100,
+                **options,
+            )
+            try:
+                await producer.start()
+            except KafkaError as exc:
+                await producer.stop()
+                raise LedgerError(f"{where}: cannot connect: {exc}") from None
         ledger = cls(
             servers,
             topic,
@@ -233,6 +286,8 @@ class KafkaLedger:
             poll_ms=poll_ms,
             append_timeout_s=append_timeout_s,
             fill_gaps=gaps == "fill",
+            gap_patience_s=gap_patience_s,
+            read_only=read_only,
         )
         try:
             first = await ledger._first_record(where)
@@ -255,18 +310,22 @@ class KafkaLedger:
                     )
             ledger._ledger_id = found
             ledger._remember(0, first.ts)
-            if snapshots is not None:
-                ledger._snapshots = SnapshotStore.open(snapshots, found)
+            if snapshots is not None and not (read_only and not os.path.exists(snapshots)):
+                ledger._snapshots = SnapshotStore.open(snapshots, found, read_only=read_only)
         except BaseException:
             await ledger.close()
             raise
         return ledger
 
     async def _first_record(self, where: str) -> Record | None:
-        async for batch in self._read(
-            0, follow=False, check_opened=False, fetch_bytes=HEAD_FETCH_BYTES
-        ):
-            return batch[0]
+        """Record 0, or None when the partition is empty. Only record 0 is looked at:
+        whatever follows it in the first fetch (a hole, a marker, a bad record) is the
+        business of the reads that hand it out, after the records before it (§10), so
+        a ledger with a hole can still be opened to show the records before it."""
+        reads = self._read(0, follow=False, check_opened=False, head_only=True)
+        async with contextlib.aclosing(reads) as batches:
+            async for batch in batches:
+                return batch[0]
         return None
 
     async def __aenter__(self) -> KafkaLedger:
@@ -294,6 +353,11 @@ class KafkaLedger:
         """The TLS/SASL arguments every client of this ledger uses."""
         return dict(self._options)
 
+    @property
+    def read_only(self) -> bool:
+        """True when opened with ``read_only`` (nothing can be written)."""
+        return self._read_only
+
     # ---------------------------------------------------------------- append
 
     async def append(self, batch: Sequence[Append]) -> list[int]:
@@ -304,6 +368,7 @@ class KafkaLedger:
         ``ts`` None is the ledger clock; the record timestamp carries it.
         """
         self._check_open()
+        self._check_writable("append to")
         items = batch if isinstance(batch, list) else list(batch)
         if not items:
             return []
@@ -371,7 +436,8 @@ class KafkaLedger:
     def read(self, from_offset: int = 0, *, follow: bool = False) -> AsyncIterator[list[Record]]:
         """Yield records from ``from_offset`` in offset order, in batches.
 
-        Without ``follow`` it ends at the tail (a fetch that returns nothing);
+        Without ``follow`` it ends at the tail (a fetch that returns nothing, or
+        the high watermark of its first answer reached);
         with ``follow`` it waits for new records until the ledger is closed or
         the consuming task is cancelled. Raises :class:`LedgerGap` /
         :class:`LedgerMismatch` as the module docstring says.
@@ -387,13 +453,15 @@ class KafkaLedger:
         *,
         follow: bool,
         check_opened: bool,
-        fetch_bytes: int | None = None,
-    ) -> AsyncIterator[list[Record]]:
+        head_only: bool = False,
+    ) -> AsyncGenerator[list[Record], None]:
         """Records from ``from_offset`` by Fetch requests (:mod:`.kafka_fetch`).
 
         While the records of one response are walked and handed out, the fetch
         of the next is already on its way (one prefetch, sent as soon as a
         response's end is known), so the broker works while the caller folds.
+        ``head_only`` (a look at record 0: open, the idle follower's check) asks
+        for :data:`HEAD_FETCH_BYTES` and walks only the first record fetched.
         """
         start, prev_ts = self._resume_point(from_offset)
         reader = PartitionFetcher(
@@ -401,7 +469,7 @@ class KafkaLedger:
             self.topic,
             self.where,
             self._options,
-            fetch_bytes=self.fetch_bytes if fetch_bytes is None else fetch_bytes,
+            fetch_bytes=HEAD_FETCH_BYTES if head_only else self.fetch_bytes,
         )
         self._readers.add(reader)
         try:
@@ -414,6 +482,12 @@ class KafkaLedger:
             failing = False
             pending: asyncio.Future[Fetched] | None = None
             asked = time.monotonic()  # when the fetch now awaited was sent
+            judge = GapJudge(self.where, self.fill_gaps, self._judged)
+            # a skip being waited on: its first offset, since when, when last seen, and
+            # the next retry's pause
+            hole_at, hole_seen, hole_last, hole_delay = -1, 0.0, 0.0, HOLE_RETRY_S
+            # without follow: the high watermark of the first answer, where the read ends
+            until = -1
             while not self._closed:
                 try:
                     if pending is None:
@@ -451,6 +525,11 @@ class KafkaLedger:
                     failing = False
                 if fetched.out_of_range:
                     fetched = self._out_of_range(fetched, position)
+                if until < 0 and not follow and fetched.highwater is not None:
+                    until = fetched.highwater
+                if head_only:
+                    head = _first_message(fetched.batches)
+                    fetched.batches = [] if head is None else [[head]]
                 if not fetched.batches:
                     position = fetched.position  # past control batches, if any
                     # A broker that answers at once with nothing must not make
@@ -494,30 +573,109 @@ class KafkaLedger:
                         )
                     return
                 silent_since = now
-                if fetched.position > position:
+                if fetched.position > position and not head_only:
                     asked = time.monotonic()
                     pending = reader.prefetch(fetched.position, fetch_wait)
                 if expected == 0 and check_opened:
                     head = _first_message(fetched.batches)
-                    if head.offset == 0:
+                    if head is not None and head.offset == 0:
                         self._check_opened(head.value or b"")
-                position = fetched.position
-                records, expected, prev_ts = sequence(
-                    self.where,
-                    fetched.batches,
-                    expected,
-                    prev_ts,
-                    from_offset,
-                    self.fill_gaps,
+                judge.saw(fetched, expected)
+                walked_from = expected
+                records, expected, prev_ts, nxt = sequence(
+                    self.where, fetched.batches, expected, prev_ts, from_offset, judge
                 )
-                self._remember(expected - 1, prev_ts)
-                if expected - 1 > self._max_offset:
-                    self._max_offset = expected - 1
+                if expected > walked_from:
+                    self._remember(expected - 1, prev_ts)
+                    if expected - 1 > self._max_offset:
+                        self._max_offset = expected - 1
+                if nxt < 0:
+                    position = fetched.position
+                    if hole_at >= 0:
+                        self._hole_closed(hole_at, expected, now - hole_seen)
+                        hole_at = -1
+                elif judge.gap is not None:
+                    # A proven gap: the reader stops at it (below), after the records
+                    # before it (§10).
+                    if pending is not None:
+                        pending.cancel()
+                        pending = None
+                else:
+                    # A skip not proven permanent: fetch again from its first offset,
+                    # never past it, until it is readable or judged (DECISIONS 200).
+                    if pending is not None:
+                        pending.cancel()
+                        pending = None
+                    position = expected
+                    if hole_at != expected:
+                        hole_at, hole_seen, hole_delay = expected, now, HOLE_RETRY_S
+                        self.hole_waits += 1
+                        log.debug(
+                            "%s: offsets %d..%d not readable yet; waiting",
+                            self.where,
+                            expected,
+                            nxt - 1,
+                        )
+                    elif now - hole_last > HOLE_SEEN_GAP_S:
+                        # not seen for a while (the broker, or this reader, stopped or
+                        # restarted): the patience counts again from now
+                        hole_seen = now
+                    elif now - hole_seen >= self.gap_patience_s:
+                        judge.gap = self._give_up(expected, nxt, now - hole_seen)
+                        hole_at, hole_delay = -1, 0.0  # judged: the next walk fills
+                    hole_last = now
                 if records:
                     yield records
+                if judge.gap is not None:
+                    # Every record before the gap has been handed out: stop at it
+                    # with the error naming it (§10).
+                    raise judge.gap
+                if 0 <= until <= expected:
+                    # every record that existed when the read began has been read:
+                    # the tail, even if others keep appending (DECISIONS 203)
+                    return
+                if nxt >= 0 and hole_delay > 0:
+                    await asyncio.sleep(hole_delay)
+                    hole_delay = min(hole_delay * 2, HOLE_RETRY_MAX_S)
         finally:
             self._readers.discard(reader)
             await reader.close()
+
+    def _give_up(self, first: int, nxt: int, waited: float) -> LedgerGap | None:
+        """The bounded wait at offsets ``first..nxt-1`` has ended (DECISIONS 200):
+        the :class:`LedgerGap` naming them, for the reader to raise once it has
+        handed out the records before them; with ``gaps=fill`` (never at offset 0)
+        None: they are judged gone, with a warning, and filled by the next walk."""
+        if not self.fill_gaps or first == 0:
+            return LedgerGap(
+                f"{self.where}: offset {first} is missing: offsets {first}..{nxt - 1} held no"
+                f" record for {waited:.1f} s while offset {nxt} was readable (a write the"
+                " broker lost, or records deleted by retention or compaction); a ledger"
+                " must be gap-free"
+            )
+        log.warning(
+            "%s: offsets %d..%d held no record for %.1f s while offset %d was readable:"
+            " a write the broker lost before acknowledging it; filling them (gaps=fill)",
+            self.where,
+            first,
+            nxt - 1,
+            waited,
+            nxt,
+        )
+        self._judged[first] = nxt
+        return None
+
+    def _hole_closed(self, first: int, expected: int, waited: float) -> None:
+        """Offsets a skip had left out were read after all: the wait was right."""
+        level = logging.INFO if waited >= 1.0 else logging.DEBUG
+        log.log(
+            level,
+            "%s: offset %d became readable after %.3f s (read through offset %d)",
+            self.where,
+            first,
+            waited,
+            expected - 1,
+        )
 
     def _out_of_range(self, fetched: Fetched, position: int) -> Fetched:
         """Judge the broker's OFFSET_OUT_OF_RANGE at ``position`` (tansu never
@@ -605,6 +763,7 @@ class KafkaLedger:
     async def save_snapshot(self, snapshot: Snapshot) -> None:
         """Store ``snapshot`` in the ``--snapshots`` file (a no-op without one)."""
         self._check_open()
+        self._check_writable("save a snapshot to")
         if self._snapshots is None:
             return
         await self._snapshots.save(snapshot, await self.ts_at(snapshot.offset))
@@ -634,14 +793,19 @@ class KafkaLedger:
         self._closed = True
         for reader in list(self._readers):
             await reader.close()
-        with contextlib.suppress(Exception):
-            await self._producer.stop()
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await self._producer.stop()
         if self._snapshots is not None:
             self._snapshots.close()
 
     def _check_open(self) -> None:
         if self._closed:
             raise LedgerError(f"ledger {self.where} is closed")
+
+    def _check_writable(self, what: str) -> None:
+        if self._read_only:
+            raise LedgerError(f"ledger {self.where} is open read-only: cannot {what} it")
 
     def __repr__(self) -> str:
         return f"<KafkaLedger {self.where} ledger_id={self._ledger_id}>"
@@ -658,25 +822,109 @@ def gap_filler(offset: int) -> bytes:
     )
 
 
+class GapJudge:
+    """Whether offsets a fetch skipped are gone for good (DECISIONS 200).
+
+    A skip in the offsets proves nothing by itself: a broker may make a later
+    batch readable before an earlier one (tansu with concurrent producers). The
+    offsets ``first..nxt-1`` a reader found no record for are gone only when
+
+    * the log starts after them (the broker's log start offset): deleted, a
+      :class:`LedgerGap` whatever ``gaps`` says;
+    * control batches (transaction markers) cover them: a marker is written
+      with its offsets and never changes, so every reader sees the same
+      thing there: filled with ``gaps=fill``, a :class:`LedgerGap` otherwise;
+    * with ``gaps=fill``, the reader has seen them stay unreadable for
+      ``gap_patience_s`` while later records were readable, and recorded that
+      in ``judged`` (``first -> nxt``): filled.
+
+    Otherwise the reader fetches again from ``first``. Offset 0 is never filled.
+
+    A proven gap the reader must stop at is not raised mid-walk: the judge keeps
+    it in :attr:`gap` and answers False, so the walk ends at the gap with the
+    records before it; the reader hands those out and then raises the gap (DESIGN
+    §10: a gap stops the reader with a clear error naming the offset, after the
+    ledger up to it, which ``replay`` and ``audit`` show; DECISIONS 204).
+    """
+
+    __slots__ = ("fill", "gap", "judged", "log_start", "markers", "where")
+
+    def __init__(self, where: str, fill: bool, judged: dict[int, int]) -> None:
+        self.where = where
+        self.fill = fill
+        #: Holes this ledger handle has judged gone after waiting (``first -> nxt``).
+        self.judged = judged
+        #: ``(first, end)`` of control batches seen and not yet passed.
+        self.markers: list[tuple[int, int]] = []
+        self.log_start = -1
+        #: The proven gap the last walk stopped at, for the reader to raise (None: none).
+        self.gap: LedgerGap | None = None
+
+    def saw(self, fetched: Fetched, expected: int) -> None:
+        """Take in what a fetch response proves (before its records are walked)."""
+        if fetched.log_start > self.log_start:
+            self.log_start = fetched.log_start
+        if fetched.markers or self.markers:
+            self.markers = sorted(m for m in self.markers + fetched.markers if m[1] > expected)
+
+    def __call__(self, first: int, nxt: int) -> bool:
+        """True: fill ``first..nxt-1``; False: stop the walk there, either not
+        proven (fetch again) or a proven gap the reader must stop at, then kept
+        in :attr:`gap`."""
+        if 0 <= first < self.log_start:
+            self.gap = LedgerGap(
+                f"{self.where}: offsets {first}..{nxt - 1} hold no record and the log now"
+                f" starts at offset {self.log_start}: records were deleted (retention?);"
+                " a ledger must be gap-free"
+            )
+            return False
+        if self.covered(first, nxt):
+            if self.fill and first > 0:
+                return True
+            self.gap = LedgerGap(
+                f"{self.where}: offset {first} is missing (the next record is at offset"
+                f" {nxt}): offsets {first}..{nxt - 1} are transaction markers; a ledger"
+                " must be gap-free (read with gaps=fill to fill them)"
+            )
+            return False
+        return self.fill and first > 0 and self.judged.get(first, -1) >= nxt
+
+    def covered(self, first: int, nxt: int) -> bool:
+        """Do the control batches seen cover every offset of ``first..nxt-1``?"""
+        at = first
+        for start, end in self.markers:
+            if start <= at < end:
+                at = end
+            if at >= nxt:
+                return True
+        return at >= nxt
+
+
 def sequence(
     where: str,
     batches: Iterable[Iterable[Message]],
     expected: int,
     prev_ts: int,
     from_offset: int = 0,
-    fill_gaps: bool = False,
-) -> tuple[list[Record], int, int]:
+    gone: Callable[[int, int], bool] | None = None,
+) -> tuple[list[Record], int, int, int]:
     """Kafka record batches (messages with ``offset``, ``value``, ``timestamp``)
     as ledger records (§10).
 
     ``expected`` is the next offset, ``prev_ts`` the ts of the record before it.
-    Offsets must follow each other (:class:`LedgerGap` on a skip,
-    :class:`LedgerMismatch` when they go back); ts is the value's ``at`` or the
-    Kafka timestamp, clamped up to the previous ts. Records before
-    ``from_offset`` only advance the ts. With ``fill_gaps`` a skip inside the log
-    is filled, offset by offset, with a ``FactRejected`` saying so (at the
-    previous ts), so every reader still sees the same gap-free ledger. Returns
-    the records, the next expected offset and the last ts.
+    Offsets must follow each other; when they go back, :class:`LedgerMismatch`.
+    ts is the value's ``at`` or the Kafka timestamp, clamped up to the previous
+    ts. Records before ``from_offset`` only advance the ts.
+
+    At a skip (the next record at ``nxt`` > ``expected``) the walk asks
+    ``gone(expected, nxt)`` (a :class:`GapJudge`): True fills the missing
+    offsets, one by one, with a ``FactRejected`` saying so (at the previous
+    ts), so every reader still sees the same gap-free ledger; False (or no
+    ``gone``) stops the walk there: the offsets may still become readable
+    (DECISIONS 200), or the judge proved them gone (its ``gap``). Returns the
+    records, the next expected offset, the last ts, and ``nxt`` when the walk
+    stopped at a skip (else -1). It never raises at a skip: the records before
+    it are always returned (only offsets going back raise).
     """
     records: list[Record] = []
     append = records.append
@@ -685,8 +933,10 @@ def sequence(
         for message in batch:
             offset = message.offset
             if offset != expected:
-                if not (fill_gaps and offset > expected > 0):
+                if offset < expected:
                     _broken(where, offset, expected)
+                if gone is None or not gone(expected, offset):
+                    return records, expected, prev_ts, offset
                 log.warning(
                     "%s: offsets %d..%d hold no record; filled", where, expected, offset - 1
                 )
@@ -714,23 +964,21 @@ def sequence(
             expected = offset + 1
             if offset >= from_offset:
                 append(Record(offset, ts, value))
-    return records, expected, prev_ts
+    return records, expected, prev_ts, -1
 
 
-def _first_message(batches: list[Iterable[Message]]) -> Message:
-    """The first record of fetched batches. aiokafka's batch readers iterate
-    once: the first batch becomes a list, so the walk still sees all of it."""
-    first = batches[0] = list(batches[0])
-    return first[0]
+def _first_message(batches: list[Iterable[Message]]) -> Message | None:
+    """The first record of fetched batches (None when they hold none). aiokafka's
+    batch readers iterate once: a batch looked into becomes a list, so the walk
+    still sees all of it."""
+    for index, batch in enumerate(batches):
+        messages = batches[index] = list(batch)
+        if messages:
+            return messages[0]
+    return None
 
 
 def _broken(where: str, offset: int, expected: int) -> None:
-    if offset > expected:
-        raise LedgerGap(
-            f"{where}: offset {expected} is missing (the next record is at offset"
-            f" {offset}): records were deleted by retention or compaction, or are"
-            " transaction markers; a ledger must be gap-free"
-        )
     raise LedgerMismatch(
         f"{where}: expected offset {expected} but the broker returned offset"
         f" {offset}: the log was reset (a broker that lost its data?); refusing to mix"

@@ -3,8 +3,10 @@
 * a path, or ``sqlite:///PATH``: the SQLite ledger in that file;
 * ``kafka://HOST:PORT[,HOST:PORT...]/TOPIC[?option=value&...]``: the Kafka
   ledger in that topic's only partition. The options are the TLS/SASL settings
-  handed to aiokafka (:data:`KAFKA_OPTIONS`) and ``gaps=stop|fill`` (what a
-  reader does at a skip in the partition's offsets, DECISIONS 78); any other
+  handed to aiokafka (:data:`KAFKA_OPTIONS`), ``gaps=stop|fill`` (what a
+  reader does at a skip in the partition's offsets it cannot read, DECISIONS 78,
+  200) and ``gap_patience_s=SECONDS`` (how long it waits for such offsets
+  before it stops or fills, DECISIONS 200; default 60); any other
   parameter is refused with a clear error rather than silently ignored.
 
 Every command that takes a LEDGER calls :func:`open_ledger`.
@@ -64,6 +66,8 @@ class LedgerUrl:
     topic: str = ""
     options: dict[str, str] = field(default_factory=dict)
     gaps: str = "stop"
+    #: ``gap_patience_s`` when the URL gives it (else the ledger's default).
+    gap_patience_s: float | None = None
 
     def client_options(self) -> dict[str, Any]:
         """Keyword arguments for aiokafka clients (TLS context built from the files)."""
@@ -136,14 +140,25 @@ def _parse_kafka(text: str) -> LedgerUrl:
         raise LedgerUrlError(f"{text}: a ledger URL has no #fragment")
     options: dict[str, str] = {}
     gaps = "stop"
+    patience: float | None = None
     for key, value in parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False):
         if key == "gaps":
             if value not in ("stop", "fill"):
                 raise LedgerUrlError(f"{text}: gaps={value!r} is not one of fill, stop")
             gaps = value
             continue
+        if key == "gap_patience_s":
+            try:
+                patience = float(value)
+            except ValueError:
+                patience = -1.0
+            if not 0 <= patience <= 86_400:
+                raise LedgerUrlError(
+                    f"{text}: gap_patience_s={value!r} is not a number of seconds in 0..86400"
+                )
+            continue
         if key not in KAFKA_OPTIONS:
-            known = ", ".join(sorted([*KAFKA_OPTIONS, "gaps"]))
+            known = ", ".join(sorted([*KAFKA_OPTIONS, "gap_patience_s", "gaps"]))
             raise LedgerUrlError(f"{text}: unknown Kafka option {key!r} (known: {known})")
         allowed = KAFKA_OPTIONS[key]
         if allowed is not None and value not in allowed:
@@ -153,7 +168,14 @@ def _parse_kafka(text: str) -> LedgerUrl:
         if key in options:
             raise LedgerUrlError(f"{text}: option {key!r} given twice")
         options[key] = value
-    return LedgerUrl(scheme="kafka", bootstrap=hosts, topic=topic, options=options, gaps=gaps)
+    return LedgerUrl(
+        scheme="kafka",
+        bootstrap=hosts,
+        topic=topic,
+        options=options,
+        gaps=gaps,
+        gap_patience_s=patience,
+    )
 
 
 async def open_ledger(
@@ -167,8 +189,12 @@ async def open_ledger(
 ) -> Ledger:
     """Open the ledger ``url`` names (creating it when ``create``).
 
-    ``read_only`` opens a SQLite file without writing to it, so a ledger on a
-    read-only medium can be read (DESIGN §9); reading a Kafka topic never writes.
+    ``read_only`` opens the ledger without writing to it, so a ledger on a
+    read-only medium can be read (DESIGN §9): a SQLite file through query-only
+    connections; a Kafka topic without creating it or a producer, and its
+    ``snapshots`` file query-only (not at all when missing). Either handle
+    refuses ``append`` and ``save_snapshot`` with a :class:`LedgerError` saying
+    it is read-only.
 
     ``snapshots`` is the local snapshot file of a Kafka ledger (§10); a SQLite
     ledger keeps its snapshots in its own file and refuses the option.
@@ -206,6 +232,8 @@ async def open_ledger(
     kwargs: dict[str, Any] = {}
     if clock_ms is not None:
         kwargs["clock_ms"] = clock_ms
+    if parsed.gap_patience_s is not None:
+        kwargs["gap_patience_s"] = parsed.gap_patience_s
     return await KafkaLedger.open(
         parsed.bootstrap,
         parsed.topic,
@@ -214,5 +242,6 @@ async def open_ledger(
         snapshots=snapshots,
         opened_at_ms=opened_at_ms,
         gaps=parsed.gaps,
+        read_only=read_only,
         **kwargs,
     )

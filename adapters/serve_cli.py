@@ -62,7 +62,21 @@ def print_urls(server: Server, out: TextIO | None = None) -> None:
     print(f"  page     {base}/", file=out)
     print(f"  API      {base}/v1/state  {base}/v1/tree  {base}/v1/decisions", file=out)
     print(f"  stream   {base}/v1/stream", file=out)
-    print(f"  metrics  {base}/metrics", file=out, flush=True)
+    print(f"  metrics  {base}/metrics", file=out)
+    print(f"  writes   {writes_status(server)}", file=out, flush=True)
+
+
+def writes_status(server: Server) -> str:
+    """Whether ``POST /v1/events`` accepts writes, said at start (DESIGN §11: never
+    open by default, so a server without a token refuses every write)."""
+    if server.options.read_only:
+        return "disabled: --read-only (POST /v1/events answers 403)"
+    if server.options.token is None:
+        return (
+            "disabled: no token configured (set QUOTALEDGER_TOKEN or --token-file;"
+            " POST /v1/events answers 403)"
+        )
+    return f"POST {base_url(server)}/v1/events with Authorization: Bearer <token>"
 
 
 def run_server(coroutine: Any, listen: str) -> None:
@@ -121,7 +135,10 @@ def add_serve_parser(commands: Any) -> None:
         " API, with --kubeconfig or --in-cluster)",
     )
     parser.add_argument(
-        "--read-only", action="store_true", help="follow and serve reads only: no engine, no writes"
+        "--read-only",
+        action="store_true",
+        help="open the ledger read-only (a read-only medium or another user's file is fine),"
+        " follow it and serve reads and metrics: no engine, no writes",
     )
     parser.add_argument("--instance", default=f"serve-{os.getpid()}", help="this engine's name")
     parser.add_argument(

@@ -5,12 +5,18 @@ Layout of the file (readable with the ``sqlite3`` shell for ad-hoc audit)::
     meta      (key TEXT PRIMARY KEY, value TEXT)      format, schema_version, ledger_id
     records   (offset INTEGER PRIMARY KEY, ts INTEGER NOT NULL, payload BLOB NOT NULL)
     snapshots (offset INTEGER PRIMARY KEY, blob BLOB NOT NULL, digest TEXT, state_hash TEXT,
-               checksum TEXT)
+               checksum TEXT, parts TEXT)
+    snapshot_parts (token TEXT, part INTEGER, offset INTEGER, data BLOB,
+                    PRIMARY KEY (token, part))
 
 ``snapshots.digest``/``state_hash``/``checksum`` (DESIGN §9: a snapshot stores offset, digest
 and state hash) were added after schema version 1 shipped without them; they
 are nullable, added to an older file when it first saves a snapshot, and a
 snapshot without them loads with ``None`` (unverifiable: readers do not use it).
+A blob longer than :data:`SNAPSHOT_PART_BYTES` is stored in ``snapshot_parts``
+(its row's ``blob`` empty, ``parts`` naming the parts' token; the column and the
+table are added by the first such snapshot); the blob is its parts' ``data``
+concatenated in ``part`` order (DECISIONS 241).
 
 The read-only commands open with ``read_only=True``: a query-only connection,
 read-write where the file and its directory are writable (as before), else
@@ -38,8 +44,8 @@ file and across crashes (``kill -9``) of any of them:
   is in the OS page cache); an OS crash or power loss may lose the last commits
   but never leaves a gap or a torn record.
 
-Threading model: all writes (the group commit, snapshots, opening and closing)
-run on one dedicated writer thread with its own connection, because
+Threading model: all appends (the group commit, opening and closing) run on
+one dedicated writer thread with its own connection, because
 ``BEGIN IMMEDIATE`` may wait up to ``busy_timeout_ms`` for another process. That
 wait is a retry loop with short jittered sleeps (0.1-2 ms) rather than SQLite's
 own busy handler, whose sleeps grow to 100 ms and let a busy process starve
@@ -47,7 +53,10 @@ another one.
 Concurrent :meth:`~SqliteLedger.append` calls queue their batches; a writer task
 drains everything queued, commits it in **one** transaction on that thread and
 then resolves every caller (group commit; :attr:`~SqliteLedger.commit_count`
-counts the transactions). Reads (:meth:`~SqliteLedger.read`,
+counts the transactions). Snapshots are written on a thread and connection of
+their own, in parts that give way to this object's appends
+(:meth:`~SqliteLedger.save_snapshot`), so an append never waits for a snapshot
+to be written. Reads (:meth:`~SqliteLedger.read`,
 :meth:`~SqliteLedger.last_offset`, :meth:`~SqliteLedger.load_snapshot`) are short
 blocking calls on the event loop through a second, query-only connection: WAL
 readers never wait for writers, and one batch of 1000 rows takes well under a
@@ -63,6 +72,7 @@ import asyncio
 import os
 import random
 import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -96,6 +106,19 @@ _SCHEMA = (
 )
 #: Columns of ``snapshots`` added after schema version 1 (nullable).
 _SNAPSHOT_META = ("digest", "state_hash", "checksum")
+#: The column naming a snapshot's parts (NULL: the blob is inline), added with
+#: the ``snapshot_parts`` table by the first snapshot stored in parts.
+_PARTS_COLUMN = "parts"
+_PARTS_TABLE = (
+    "CREATE TABLE IF NOT EXISTS snapshot_parts (token TEXT NOT NULL, part INTEGER NOT NULL,"
+    " offset INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (token, part))"
+)
+_INSERT_PART = "INSERT INTO snapshot_parts (token, part, offset, data) VALUES (?, ?, ?, ?)"
+#: A snapshot blob longer than this is stored in parts of this size, one
+#: short transaction each (DECISIONS 241).
+SNAPSHOT_PART_BYTES = 1024 * 1024
+#: How long a part waits for this object's queued appends before it goes anyway.
+_PART_YIELD_S = 0.25
 _TABLES = frozenset({"meta", "records", "snapshots"})
 _SELECT_FROM = "SELECT offset, ts, payload FROM records WHERE offset >= ? ORDER BY offset LIMIT ?"
 _SELECT_TAIL = "SELECT offset, ts FROM records ORDER BY offset DESC LIMIT 1"
@@ -157,6 +180,16 @@ class SqliteLedger:
         self._read_params = read_params
         self._pending: list[tuple[list[Append], asyncio.Future[list[int]]]] = []
         self._writer_task: asyncio.Task[None] | None = None
+        #: Set while no append of this object is queued or being committed: a
+        #: snapshot part waits for it (DECISIONS 241).
+        self._appends_idle = threading.Event()
+        self._appends_idle.set()
+        #: Snapshots have their own thread and connection, opened on first use.
+        self._snapshot_executor: ThreadPoolExecutor | None = None
+        self._sconn: sqlite3.Connection | None = None
+        self._snapshots_closing = threading.Event()
+        #: Blobs longer than this are stored in parts (DECISIONS 241).
+        self.snapshot_part_bytes = SNAPSHOT_PART_BYTES
         self._tail_event = asyncio.Event()
         self._closing = False
         self._closed = False
@@ -215,6 +248,8 @@ class SqliteLedger:
                     " not writable (a read-only medium?); this command writes to the ledger,"
                     " while replay, tree, audit and whatif only read it"
                 )
+        if create and not read_only and not os.path.exists(fspath):
+            _check_creatable(fspath)
         if read_only:
             return await cls._open_read_only(
                 fspath,
@@ -240,6 +275,8 @@ class SqliteLedger:
             reader.execute("PRAGMA query_only = ON")
         except sqlite3.OperationalError as exc:  # cannot open, locked, read-only, ...
             await _discard(loop, executor, writer, reader)
+            if _is_read_only_error(exc) and not os.path.exists(fspath):
+                raise LedgerError(_cannot_create(fspath, str(exc))) from None
             if _is_read_only_error(exc) and os.path.exists(fspath):
                 raise LedgerError(
                     f"cannot open ledger {fspath} for writing: {exc} (a read-only file,"
@@ -403,6 +440,7 @@ class SqliteLedger:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[list[int]] = loop.create_future()
         self._pending.append((items, fut))
+        self._appends_idle.clear()
         if self._writer_task is None:
             self._writer_task = loop.create_task(self._write_loop())
         return await fut
@@ -432,6 +470,7 @@ class SqliteLedger:
                         fut.set_result(list(range(first, first + len(items))))
         finally:
             self._writer_task = None
+            self._appends_idle.set()
 
     def _commit(self, batches: list[list[Append]], now: int) -> list[int]:
         """Writer thread: one ``BEGIN IMMEDIATE`` transaction for all ``batches``.
@@ -544,20 +583,81 @@ class SqliteLedger:
 
         Its offset must name an existing record: a snapshot covers records
         ``0..offset`` of this ledger.
+
+        Written on a thread and connection of its own, never through the
+        appends' writer. A blob longer than :attr:`snapshot_part_bytes` goes in
+        parts, one short transaction each; before each part the writer waits
+        until no append of this object is queued or committing, so an append
+        waits at most for the one part being written, never for the snapshot.
+        The row that makes the snapshot visible is written last, in one
+        transaction: a reader finds the snapshot whole or not at all. If the
+        caller is cancelled or the ledger closed, the write stops before its
+        next part and the snapshot stays absent (DECISIONS 241).
         """
         self._check_open()
         self._check_writable("save a snapshot to")
         if not isinstance(snapshot.blob, bytes):
             raise TypeError(f"Snapshot.blob must be bytes, not {type(snapshot.blob).__name__}")
+        if self._snapshot_executor is None:
+            self._snapshot_executor = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="sqlite-snapshots"
+            )
         loop = asyncio.get_running_loop()
+        cancel = threading.Event()
         try:
-            await loop.run_in_executor(self._executor, self._save_snapshot, snapshot)
+            await loop.run_in_executor(
+                self._snapshot_executor, self._save_snapshot, snapshot, cancel
+            )
+        except asyncio.CancelledError:
+            cancel.set()  # the thread stops before its next part
+            raise
+        except _SnapshotStopped:
+            raise LedgerError(
+                f"saving a snapshot to {self._path} stopped: the ledger is closing"
+            ) from None
         except (sqlite3.Error, ValueError) as exc:  # ValueError: a damaged schema
             raise LedgerError(f"saving a snapshot to {self._path} failed: {exc}") from None
 
-    def _save_snapshot(self, snapshot: Snapshot) -> None:
-        assert self._wconn is not None
-        _write_transaction(self._wconn, self._busy_timeout_ms, _insert_snapshot, snapshot)
+    def _save_snapshot(self, snapshot: Snapshot, cancel: threading.Event) -> None:
+        """Snapshot thread: the parts, then the row (see :meth:`save_snapshot`)."""
+        if self._sconn is None:
+            self._sconn = _connect(self._path, "rw", 0)
+            self._sconn.execute("PRAGMA synchronous = NORMAL")
+        conn, timeout = self._sconn, self._busy_timeout_ms
+        size = max(1, self.snapshot_part_bytes)
+        blob = memoryview(snapshot.blob)
+        parts: tuple[str, int] | None = None
+        if len(blob) > size:
+            token = f"{snapshot.offset}-{uuid.uuid4().hex}"
+            _retry_busy(timeout, conn.execute, _PARTS_TABLE)
+            count = 0
+            for start in range(0, len(blob), size):
+                self._before_part(cancel)
+                # one statement, its own transaction: one call into SQLite per
+                # part (each call waits for the GIL again, up to 5 ms while the
+                # event loop's thread is busy)
+                _retry_busy(
+                    timeout,
+                    conn.execute,
+                    _INSERT_PART,
+                    (token, count, snapshot.offset, blob[start : start + size]),
+                )
+                count += 1
+            parts = (token, count)
+        self._before_part(cancel)
+        _write_transaction(conn, timeout, _insert_snapshot, snapshot, parts)
+
+    def _before_part(self, cancel: threading.Event) -> None:
+        """Snapshot thread: stop if asked; else let this object's queued
+        appends commit first (for at most ``_PART_YIELD_S``)."""
+        deadline = time.monotonic() + _PART_YIELD_S
+        while True:
+            if cancel.is_set() or self._snapshots_closing.is_set():
+                raise _SnapshotStopped
+            if self._appends_idle.wait(0.005) or time.monotonic() >= deadline:
+                break
+        if cancel.is_set() or self._snapshots_closing.is_set():
+            raise _SnapshotStopped
 
     async def load_snapshot(self, at_most: int | None = None) -> Snapshot | None:
         """The newest snapshot whose offset is ``<= at_most`` (the newest if None)."""
@@ -575,10 +675,17 @@ class SqliteLedger:
         --jobs`` plans its segments with them; the blobs are not read)."""
         self._check_open()
         try:
-            if not _snapshot_columns(self._rconn) >= set(_SNAPSHOT_META):
+            columns = _snapshot_columns(self._rconn)
+            if not columns >= set(_SNAPSHOT_META):
                 return []
+            size = "length(blob)"
+            if _PARTS_COLUMN in columns:
+                size = (
+                    "CASE WHEN parts IS NULL THEN length(blob) ELSE (SELECT sum(length(data))"
+                    " FROM snapshot_parts p WHERE p.token = snapshots.parts) END"
+                )
             rows = self._rconn.execute(
-                "SELECT offset, length(blob) FROM snapshots WHERE digest IS NOT NULL"
+                f"SELECT offset, {size} FROM snapshots WHERE digest IS NOT NULL"
                 " AND state_hash IS NOT NULL ORDER BY offset"
             ).fetchall()
         except (sqlite3.Error, ValueError) as exc:
@@ -587,12 +694,29 @@ class SqliteLedger:
 
     def _select_snapshot(self, where: str, params: tuple[int, ...]) -> Snapshot | None:
         self._check_open()
+        conn = self._rconn
         try:
-            has_meta = _snapshot_columns(self._rconn) >= set(_SNAPSHOT_META)
-            columns = "offset, blob, digest, state_hash, checksum" if has_meta else "offset, blob"
-            rows = self._rconn.execute(
-                f"SELECT {columns} FROM snapshots {where}", params
-            ).fetchall()
+            conn.execute("BEGIN")  # the row and its parts from one read transaction
+            try:
+                columns = _snapshot_columns(conn)
+                has_meta = columns >= set(_SNAPSHOT_META)
+                selected = (
+                    "offset, blob, digest, state_hash, checksum" if has_meta else "offset, blob"
+                )
+                with_parts = _PARTS_COLUMN in columns
+                if with_parts:
+                    selected += ", parts"
+                rows = conn.execute(f"SELECT {selected} FROM snapshots {where}", params).fetchall()
+                token = _text_or_none(rows[0][-1]) if rows and with_parts else None
+                parts = (
+                    conn.execute(
+                        "SELECT data FROM snapshot_parts WHERE token = ? ORDER BY part", (token,)
+                    ).fetchall()
+                    if token is not None
+                    else []
+                )
+            finally:
+                conn.execute("COMMIT")
         except (sqlite3.Error, ValueError) as exc:
             raise LedgerError(f"reading a snapshot from {self._path} failed: {exc}") from None
         if not rows:
@@ -600,10 +724,15 @@ class SqliteLedger:
         row = rows[0]
         if type(row[0]) is not int or not isinstance(row[1], bytes | str):
             raise LedgerError(f"the snapshot table of {self._path} is damaged")
+        blob = _as_bytes(row[1])
+        if token is not None:
+            if not all(isinstance(part[0], bytes) for part in parts):
+                raise LedgerError(f"the snapshot parts of {self._path} are damaged")
+            blob = b"".join(part[0] for part in parts)
         meta = [_text_or_none(value) for value in row[2:5]] if has_meta else [None] * 3
         return Snapshot(
             offset=int(row[0]),
-            blob=_as_bytes(row[1]),
+            blob=blob,
             digest=meta[0],
             state_hash=meta[1],
             checksum=meta[2],
@@ -621,6 +750,11 @@ class SqliteLedger:
             await asyncio.wait({task})
         self._closed = True
         self._wake()
+        self._snapshots_closing.set()  # a snapshot being written stops before its next part
+        if self._snapshot_executor is not None:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._snapshot_executor, self._close_snapshots)
+            self._snapshot_executor.shutdown(wait=True)
         # The writer connection closes last, on its thread: the last close
         # checkpoints the WAL, which should not block the event loop.
         self._rconn.close()
@@ -628,6 +762,11 @@ class SqliteLedger:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(self._executor, self._wconn.close)
         self._executor.shutdown(wait=True)
+
+    def _close_snapshots(self) -> None:
+        if self._sconn is not None:
+            self._sconn.close()
+            self._sconn = None
 
     def _check_open(self) -> None:
         if self._closing:
@@ -733,6 +872,29 @@ def _connect_read_only(
     raise failure
 
 
+def _cannot_create(fspath: str, why: str) -> str:
+    return (
+        f"cannot create ledger {fspath}: {why}; choose a writable directory (replay, tree,"
+        " audit and whatif read an existing ledger on a read-only medium)"
+    )
+
+
+def _check_creatable(fspath: str) -> None:
+    """A new ledger's directory must exist and be writable: say so in words
+    instead of SQLite's "unable to open database file" (DESIGN §9 clear errors)."""
+    directory = os.path.dirname(fspath)
+    if not os.path.isdir(directory):
+        raise LedgerError(_cannot_create(fspath, f"no such directory {directory}"))
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise LedgerError(
+            _cannot_create(
+                fspath,
+                f"the directory {directory} is not writable (a read-only medium or"
+                " another user's directory?)",
+            )
+        )
+
+
 def _is_read_only_error(exc: sqlite3.Error) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None and (code & 0xFF) in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN):
@@ -831,26 +993,77 @@ def _insert(conn: sqlite3.Connection, batches: list[list[Append]], now: int) -> 
     return firsts
 
 
-def _insert_snapshot(conn: sqlite3.Connection, snapshot: Snapshot) -> None:
+class _SnapshotStopped(Exception):
+    """A snapshot write stopped before its next part (cancelled, or closing)."""
+
+
+def _insert_snapshot(
+    conn: sqlite3.Connection, snapshot: Snapshot, parts: tuple[str, int] | None = None
+) -> None:
+    """Inside the transaction: the row that makes ``snapshot`` visible, its blob
+    inline or, with ``parts`` (token, count), in the parts written before.
+
+    Also drops the parts nothing refers to any more: those of the row this one
+    replaces, and those of writes for an older offset that never finished (a
+    crash, a stop). Parts of an unfinished write for this offset or a newer
+    one are left alone: another engine may be writing them."""
     last = conn.execute("SELECT max(offset) FROM records").fetchall()[0][0]
     if not 0 <= snapshot.offset <= (-1 if last is None else last):
         raise LedgerError(
             f"snapshot offset {snapshot.offset} is outside the ledger (last offset {last})"
         )
-    missing = [c for c in _SNAPSHOT_META if c not in _snapshot_columns(conn)]
+    columns = _snapshot_columns(conn)
+    missing = [c for c in _SNAPSHOT_META if c not in columns]
+    if parts is not None and _PARTS_COLUMN not in columns:
+        missing.append(_PARTS_COLUMN)
     for column in missing:  # a file from before the columns existed
         conn.execute(f"ALTER TABLE snapshots ADD COLUMN {column} TEXT")
-    conn.execute(
-        "INSERT OR REPLACE INTO snapshots (offset, blob, digest, state_hash, checksum)"
-        " VALUES (?, ?, ?, ?, ?)",
-        (
-            snapshot.offset,
-            snapshot.blob,
-            snapshot.digest,
-            snapshot.state_hash,
-            snapshot.checksum,
-        ),
+    has_parts = parts is not None or _PARTS_COLUMN in columns
+    token: str | None = None
+    if parts is not None:
+        token, count = parts
+        found = conn.execute(
+            "SELECT count(*), coalesce(sum(length(data)), 0) FROM snapshot_parts WHERE token = ?",
+            (token,),
+        ).fetchall()[0]
+        if (found[0], found[1]) != (count, len(snapshot.blob)):
+            raise LedgerError(
+                f"snapshot {snapshot.offset}: {found[0]} of its {count} parts are stored"
+            )
+    replaced: list[Any] = []
+    if has_parts:
+        replaced = conn.execute(
+            "SELECT parts FROM snapshots WHERE offset = ? AND parts IS NOT NULL",
+            (snapshot.offset,),
+        ).fetchall()
+    values = (
+        snapshot.offset,
+        snapshot.blob if token is None else b"",
+        snapshot.digest,
+        snapshot.state_hash,
+        snapshot.checksum,
     )
+    if has_parts:
+        conn.execute(
+            "INSERT OR REPLACE INTO snapshots (offset, blob, digest, state_hash, checksum, parts)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (*values, token),
+        )
+        for (value,) in replaced:
+            old = _text_or_none(value)
+            if old is not None and old != token:
+                conn.execute("DELETE FROM snapshot_parts WHERE token = ?", (old,))
+        conn.execute(
+            "DELETE FROM snapshot_parts WHERE offset < ? AND token NOT IN"
+            " (SELECT parts FROM snapshots WHERE parts IS NOT NULL)",
+            (snapshot.offset,),
+        )
+    else:
+        conn.execute(
+            "INSERT OR REPLACE INTO snapshots (offset, blob, digest, state_hash, checksum)"
+            " VALUES (?, ?, ?, ?, ?)",
+            values,
+        )
 
 
 def _init_file(

@@ -12,7 +12,8 @@ its ``basis``:
   at the decision's ts (quota-decrease: the queue's deadline, with
   ``quota_preemption_enabled``; overuse: the owing clock + ``revoke_after_s``,
   with ``revoke_enabled``), the queue was free, and the re-derived plan has the
-  same target;
+  same target; and where it lands, that timer is still armed and due and its
+  id was never started before (the guard's rule, DECISIONS 211);
 * ``EvictionRequested`` — the pods and their order are the plan's victims;
 * ``PreemptionFinished`` — every eviction had an outcome, nothing the plan chose
   was left out, and the outcome and claimed amounts follow §8 rule 26 from the
@@ -57,6 +58,8 @@ from quotaledger.events.model import (
     EvictionSucceeded,
     FactRejected,
     LedgerDigest,
+    PodRemoved,
+    PodUpserted,
     PreemptionCause,
     PreemptionFinished,
     PreemptionOutcome,
@@ -66,7 +69,7 @@ from quotaledger.events.model import (
 from quotaledger.projections import Projection, rfc3339, state_hash
 from quotaledger.projections.clocks import free_capacity, is_owing, is_starving
 from quotaledger.projections.derive import settle
-from quotaledger.projections.plans import Plan, Victim
+from quotaledger.projections.plans import Plan, Victim, comparable_explain, decrease_target
 from quotaledger.projections.snapshot import dump, load
 from quotaledger.projections.state import ProjectedState
 
@@ -97,6 +100,9 @@ AUDITED = (
 #: Records the lagging fold keeps in memory; older ones are read again from the
 #: source when a basis needs them.
 BUFFER_LIMIT = 50_000
+#: How many states before a PreemptionFinished its overuse outcome may have been
+#: judged on (DECISIONS 212); beyond, only the state just before it counts.
+JUDGED_WINDOW = 1_000
 
 RecordSource = Callable[[int], Iterable[Record]]
 
@@ -337,6 +343,10 @@ class Auditor:
         self.hash_problems: list[tuple[int, Problem]] = []
         self.next_offset = self.begin
         self.stopped = False
+        #: ids of the PreemptionStarted records the projection accepted (this pass)
+        self.started_ids: set[str] = set()
+        #: eviction id -> offset of the record that gave it its outcome (this pass)
+        self.settled_at: dict[str, int] = {}
 
     def feed(self, record: Record) -> None:
         if self.stopped:
@@ -358,15 +368,24 @@ class Auditor:
         finding: Finding | None = None
         if event is not None and isinstance(event, AUDITED):
             finding = self._explain(record, event)
+            if isinstance(event, PreemptionStarted):
+                self._landing(record, event, finding)
         before = len(self.main.state.rejected)
+        settling = self._settling(event)
         if event is None:
             self.main.apply_record(record)  # records the decoding error as a rejection
         else:
             self.main.apply(record.offset, record.ts, event)
+        if settling is not None:
+            run = self.main.state.evictions.get(settling)
+            if run is not None and run.outcome is not None:
+                self.settled_at[settling] = record.offset
         refused = [r for r in self.main.state.rejected[before:] if r.offset == record.offset]
         kind = kind_of(event) if event is not None else peek_kind(record.payload)
         # A FactRejected record is accepted: the rejection it lists is the
         # fact's, refused at the door (DECISIONS 31), not a refused decision.
+        if isinstance(event, PreemptionStarted) and not refused:
+            self.started_ids.add(event.preemption_id)
         if refused and kind in DECISION_KINDS and not isinstance(event, FactRejected):
             if finding is None:
                 finding = Finding(
@@ -390,6 +409,17 @@ class Auditor:
             self.report.last_offset = self.chain.chain.through
         self.report.unfinished = sorted(self.main.state.preemptions)
         return self.report
+
+    def _settling(self, event: Event | None) -> str | None:
+        """The running eviction ``event`` may give its outcome (its own outcome
+        record, or the removal or stop of its pod), if any."""
+        state = self.main.state
+        if isinstance(event, EvictionSucceeded | EvictionFailed):
+            run = state.evictions.get(event.eviction_id)
+            return event.eviction_id if run is not None and run.outcome is None else None
+        if isinstance(event, PodRemoved | PodUpserted) and state.evicting_pods:
+            return state.evicting_pods.get(event.uid)
+        return None
 
     def _expected_for(self, preemption_id: str) -> _Expected | None:
         """The re-derived plan of a preemption (started before this segment: re-derived
@@ -568,6 +598,42 @@ class Auditor:
                 finding.explanation += f" No victim is possible: {plan.reason}."
         return finding
 
+    def _landing(self, record: Record, event: PreemptionStarted, finding: Finding) -> None:
+        """Where the decision lands (the state just before its record) the timer it
+        answers must still be armed and due, and its id never started before
+        (DECISIONS 211): what the projection's guard requires, derived here from
+        the engine's own list of armed timers. A problem here on a decision the
+        projection accepted is one the guard should have refused."""
+        state = self.main.state
+        where = {"offset": record.offset, "cause": event.cause, "queue": event.queue}
+        if event.preemption_id in self.started_ids:
+            finding.problems.append(Problem("id-reused", {**where, "id": event.preemption_id}))
+        if event.queue not in state.quotas:
+            return  # the basis check names the unknown quota
+        matching = [
+            timer
+            for timer in timers(state)
+            if timer.cause == event.cause
+            and timer.queue == event.queue
+            and (event.cause != "reclaim" or timer.pod_uid == (event.pod_uid or ""))
+        ]
+        if not matching:
+            reason = self._why_no_timer(state, event).data["reason"]
+            finding.problems.append(Problem("trigger-gone", {**where, "reason": reason}))
+        elif matching[0].deadline > record.ts:
+            data = {**where, "reason": "early", "deadline": matching[0].deadline}
+            finding.problems.append(Problem("trigger-gone", {**data, "ts": record.ts}))
+        elif (
+            event.cause == "quota-decrease"
+            and matching[0].deadline < record.ts
+            and record.ts > state.ts
+            and event.queue not in state.occupied
+            and not decrease_target(state, event.queue)
+        ):
+            # §8 rule 21 (DECISIONS 14): this record is the first after the
+            # deadline and the target is empty: the fold disarms it right here
+            finding.problems.append(Problem("trigger-gone", {**where, "reason": "empty-target"}))
+
     def _due_timer(
         self, state: ProjectedState, event: PreemptionStarted, ts: int, finding: Finding
     ) -> Timer | None:
@@ -690,11 +756,10 @@ class Auditor:
                     "queue-differs", {"recorded": event.queue, "pod": pod, "queue": victim.queue}
                 )
             )
-        if event.explain and dict(event.explain) != dict(victim.explain):
+        recorded, derived = comparable_explain(event.explain), comparable_explain(victim.explain)
+        if event.explain and recorded != derived:
             differing = sorted(
-                key
-                for key in set(event.explain) | set(victim.explain)
-                if event.explain.get(key) != victim.explain.get(key)
+                key for key in set(recorded) | set(derived) if recorded.get(key) != derived.get(key)
             )
             finding.problems.append(Problem("explain-differs", {"keys": differing}))
         return victim
@@ -768,6 +833,15 @@ class Auditor:
             if missing:
                 finding.problems.append(Problem("never-requested", {"missing": missing}))
         want = self._expected_finish(run.preemption_id, bool(evictions))
+        if (
+            want is not None
+            and not waiting
+            and run.cause == "overuse"
+            and want != (event.outcome, dict(event.claimed))
+        ):
+            want = self._judged_earlier(record, event, run.evictions) or want
+        for eviction_id in run.evictions:
+            self.settled_at.pop(eviction_id, None)
         if want is not None and not waiting:
             outcome, claimed = want
             if outcome != event.outcome:
@@ -781,6 +855,27 @@ class Auditor:
                     )
                 )
         return finding
+
+    def _judged_earlier(
+        self, record: Record, event: PreemptionFinished, evictions: Sequence[str]
+    ) -> tuple[PreemptionOutcome, dict[str, int]] | None:
+        """An overuse outcome compares used with runtime (§8 rule 26), numbers of
+        the moment the engine judged it: any state from the one where the last
+        of its evictions got its outcome to the one just before the finish (a
+        fact may land in between, or the engine may have read an eviction's
+        success before its pod's removal). The recorded outcome, if one of those
+        states gives it (DECISIONS 212); else None."""
+        start = max((self.settled_at.get(e, self.begin - 1) for e in evictions), default=-1)
+        if not 0 <= start < record.offset or record.offset - start > JUDGED_WINDOW:
+            return None
+        recorded = (event.outcome, dict(event.claimed))
+        for offset in range(start, record.offset - 1):  # the state before the finish is known
+            state = self.lagging.at(offset)
+            for finished in EngineCore(Projection(state)).finished():
+                judged = (finished.outcome, dict(finished.claimed))
+                if finished.preemption_id == event.preemption_id and judged == recorded:
+                    return recorded
+        return None
 
     def _expected_finish(
         self, preemption_id: str, any_eviction: bool
@@ -1138,11 +1233,14 @@ def plan_stops(snapshots: Sequence[tuple[int, int]], last_offset: int, jobs: int
     the work done so far is nearest to it (ties: the earlier; one at
     ``last_offset`` is of no use, a segment starts after its snapshot).
 
-    The work of a record grows with the state it is folded into (settling,
-    and above all the state hash of each ``LedgerDigest``), and a snapshot's
-    size measures that state: records between two snapshots weigh the mean of
-    their sizes, records before the first half of its size (the state grows
-    from empty), records after the last its size.
+    The work of a record grows with the state it is folded into (folding,
+    and the settle and state hash of each ``LedgerDigest``, whose cost follows
+    what changed: DECISIONS 230), and a snapshot's size measures that state:
+    records between two snapshots weigh the mean of their sizes, records
+    before the first half of its size (the state grows from empty), records
+    after the last its size. Measured on the bench ledger with the kept hash
+    (DECISIONS 236), this still puts the cut where the two spans' CPU times
+    are nearest.
     """
     usable = sorted({(o, size) for o, size in snapshots if 0 <= o < last_offset})
     if not usable:

@@ -16,6 +16,7 @@ from quotaledger.events.quantity import format_amount
 from quotaledger.projections import rfc3339
 from quotaledger.projections.clocks import owed, sampled
 from quotaledger.projections.guard import delay_ms
+from quotaledger.projections.plans import created_text
 from quotaledger.projections.state import ProjectedState
 
 from .audit_findings import AuditReport, DigestCheck, Finding, Problem
@@ -60,6 +61,9 @@ def clocks_words(event: ClocksObserved, head: str) -> tuple[str, str | None]:
             parts.append(f"{label} no more: " + ", ".join(sorted(stopped)))
             short.append(f"{label} no more: " + first_few(sorted(stopped)))
     lead = f"{head} clocks sampled at basis #{event.basis}: "
+    if not parts:
+        # the engine's clock read past a deadline (DECISIONS 210)
+        return lead + "no clock started or stopped", None
     if short == parts:
         return lead + "; ".join(parts), None
     return lead + "; ".join(parts), lead + "; ".join(short) + " (audit --json lists all)"
@@ -93,7 +97,7 @@ def sort_words(explain: Mapping[str, Any]) -> str:
 
 
 def pod_words(pod: PodUpserted) -> str:
-    created = pod.created_at.isoformat() if pod.created_at is not None else None
+    created = created_text(pod)
     return sort_words(
         {
             "sort_key": {
@@ -255,6 +259,24 @@ def _no_timer(d: Mapping[str, Any]) -> str:
     return f"no {d['cause']} timer was armed for {queue} {at}"
 
 
+def _trigger_gone(d: Mapping[str, Any]) -> str:
+    """Where a ``PreemptionStarted`` lands, its timer no longer holds (DECISIONS 211)."""
+    reason, queue, cause = d["reason"], d["queue"], d["cause"]
+    where = f"where it lands (#{d['offset']})"
+    if reason == "early":
+        return (
+            f"{where} {queue}'s {cause} deadline is {rfc3339(d['deadline'])},"
+            f" after the decision's ts {rfc3339(d['ts'])}"
+        )
+    if reason == "empty-target":
+        return (
+            f"{where} {queue}'s passed deadline had an empty target, so this first record"
+            " after it disarms it (§8 rule 21)"
+        )
+    why = _no_timer({**d, "basis": d["offset"]}).replace(f"at basis #{d['offset']}", where)
+    return why + ": the trigger was answered or gone before this decision"
+
+
 def _changed(d: Mapping[str, Any]) -> str:
     first, last = d["first"], d["last"]
     if first == last:
@@ -283,6 +305,8 @@ PROBLEM_WORDS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "still-starving": lambda d: f"pod {d['uid']} was still starving {_at(d)}",
     "unknown-quota": lambda d: f"quota {d['queue']!r} did not exist {_at(d)}",
     "no-timer": _no_timer,
+    "trigger-gone": _trigger_gone,
+    "id-reused": lambda d: f"preemption id {d['id']} was already started before #{d['offset']}",
     "early": lambda d: f"fired at {rfc3339(d['ts'])}, before its deadline {rfc3339(d['deadline'])}",
     "occupied": lambda d: (
         f"{d['queue']} was occupied by preemption {d['holder']} {_at(d)}"

@@ -105,7 +105,12 @@ class EngineCore:
     ``handled`` holds the timers already proposed, so each is proposed once.
     It only ever holds timers that are still armed (DECISIONS 63): a timer
     that is no longer armed (its deadline consumed, its clock stopped) is
-    dropped at the next look, so the set stays as small as the timers.
+    dropped at the next look, so the set stays as small as the timers. A
+    key leaves ``handled`` while its timer is still armed in two ways, and
+    the timer is then pending again: :meth:`reopen_if_refused` (the proposal
+    was refused) and :meth:`revisit` (a quota-decrease timer that proposed
+    nothing, once the state has moved past the offset it was evaluated at:
+    ``empty_at``, DECISIONS 210).
     """
 
     projection: Projection
@@ -117,6 +122,9 @@ class EngineCore:
     backoff: dict[tuple[str, str, str, int], tuple[int, int]] = field(default_factory=dict)
     backoff_base_ms: int = 250
     backoff_max_ms: int = 30_000
+    #: quota-decrease timers whose target was empty (§8 rule 21: nothing
+    #: proposed): key -> the state offset they were evaluated at (DECISIONS 210)
+    empty_at: dict[TimerKey, int] = field(default_factory=dict)
 
     @property
     def state(self) -> ProjectedState:
@@ -170,7 +178,10 @@ class EngineCore:
         A timer is proposed once; if the projection refuses the proposal (a
         race with another writer) the state it leaves decides what comes next
         (see :meth:`reopen_if_refused`). A timer whose queue is occupied is not
-        handled: it waits for the running preemption (§8 rule 34).
+        handled: it waits for the running preemption (§8 rule 34). A
+        quota-decrease timer with an empty target proposes nothing and is
+        handled only for the state it was evaluated on (``empty_at``; see
+        :meth:`revisit` and :meth:`disarm_at`, DECISIONS 210).
         """
         state = self.state
         if timer.queue in state.occupied:
@@ -180,6 +191,10 @@ class EngineCore:
             return []
         plan = self.plan(timer)
         if plan is None:
+            if timer.cause == "quota-decrease":
+                if len(self.empty_at) > 2 * len(state.decrease_deadlines) + 64:
+                    self._forget_disarmed()
+                self.empty_at[timer.key] = state.offset
             return []
         basis = state.offset
         preemption_id = f"{plan.cause}/{plan.queue}/{basis}"
@@ -258,6 +273,70 @@ class EngineCore:
         if len(self.backoff) > 4 * len(self.handled) + 1024:
             alive = {t.key for t in timers(state)}
             self.backoff = {k: v for k, v in self.backoff.items() if k in alive}
+
+    def revisit(self) -> None:
+        """Make pending again every quota-decrease timer that proposed nothing
+        on a state older than the current one (DECISIONS 210).
+
+        "Nothing to do" was true of the records it was evaluated on; a record
+        read since (a pod stamped at the deadline that landed after the look)
+        may have made the target non-empty, and the fold keeps such a
+        deadline armed (it disarms only an empty one, DECISIONS 14). Whatever
+        the projection holds as an armed, passed deadline is thus evaluated
+        again, now, on the state at hand. The live engine calls this before
+        each round; ``simulate`` need not (its facts stamped at or before a
+        deadline are all applied before the deadline fires, §8 rule 27, and
+        decisions never grow a target)."""
+        if not self.empty_at:
+            return
+        offset = self.state.offset
+        self._forget_disarmed()
+        for key, at in list(self.empty_at.items()):
+            if at != offset:
+                del self.empty_at[key]
+                self.handled.discard(key)
+
+    def _forget_disarmed(self) -> None:
+        deadlines = self.state.decrease_deadlines
+        for key in [k for k in self.empty_at if deadlines.get(k[1]) != k[3]]:
+            del self.empty_at[key]
+
+    def disarm_at(self) -> int | None:
+        """When the ledger needs a record to disarm a passed quota-decrease
+        deadline with an empty target (§8 rule 21; DECISIONS 14, 210).
+
+        The fold disarms such a deadline at the first record stamped after
+        both the deadline and the state's ts, if the target is still empty
+        just before it. For every timer this engine found empty on the
+        current state (offset unchanged since) whose deadline is still
+        armed, on a free queue, with the setting on: ``max(deadline, ts) +
+        1``, the earliest; None when there is none. The driver appends
+        :meth:`disarm_record` once its clock reaches it, so that "disarmed"
+        is something every reader of the ledger sees."""
+        state = self.state
+        if not self.empty_at or not state.settings.quota_preemption_enabled:
+            return None
+        at: int | None = None
+        for (_, queue, _, deadline), offset in self.empty_at.items():
+            if (
+                offset == state.offset
+                and state.decrease_deadlines.get(queue) == deadline
+                and queue not in state.occupied
+            ):
+                due = max(deadline, state.ts) + 1
+                at = due if at is None else min(at, due)
+        return at
+
+    def disarm_record(self, now: int) -> ClocksObserved:
+        """The record that carries the ledger's time past the deadlines of
+        :meth:`disarm_at`: the clocks sampled at ``now`` (DECISIONS 13), or,
+        when no clock started or stopped, a ``ClocksObserved`` that starts and
+        stops nothing (the engine's clock read ``now``; the fold changes no
+        clock for it). Its ts is the ledger's, at least ``now``."""
+        event = self.observe(now)
+        if event is None:
+            event = ClocksObserved(basis=self.state.offset, epoch=self.epoch)
+        return event
 
     def observe(self, now: int) -> ClocksObserved | None:
         """Sample the overuse and starvation clocks at ``now`` (DECISIONS 13):

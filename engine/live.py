@@ -12,13 +12,18 @@ Rules the engine keeps:
   it proposed);
 * after appending, it waits until its follower has applied those records
   before deciding again, so it never decides on a state missing its own
-  decisions;
+  decisions; the records applied at the offsets the ledger assigned must be
+  its own, byte for byte, or it stops (DECISIONS 201);
 * deadlines come from ledger ``ts``: after a restart an overdue timer fires at
   once, never later than its original deadline plus the restart;
 * with election on, it appends ``LeaderElected{epoch+1}`` at start and
   proposes only while the newest accepted epoch is the one its own claim won
   (a stale writer is fenced by the projection anyway; a loser follows);
-* SIGTERM during the start-up catch-up stops it between two batches.
+* SIGTERM during the start-up catch-up stops it between two batches;
+* checkpoints (``LedgerDigest`` and snapshots, DESIGN §9) never hold a due
+  timer or an eviction back: they are taken by their own task once the
+  reconciler has looked at the state, and a snapshot is encoded a few
+  milliseconds at a time and written off the loop (:meth:`LiveEngine.checkpoint`).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from quotaledger.events.codec import encode_event
-from quotaledger.events.ledger import Append, Ledger, LedgerError, Snapshot
+from quotaledger.events.ledger import Append, Ledger, LedgerError, Record, Snapshot
 from quotaledger.events.model import (
     Event,
     EvictionFailed,
@@ -43,7 +48,7 @@ from quotaledger.events.model import (
     PodRemoved,
 )
 from quotaledger.projections import Projection, state_hash
-from quotaledger.projections.snapshot import dump
+from quotaledger.projections.snapshot import PersistedCopy, copy_persisted, dump_pieces
 from quotaledger.projections.state import EvictionRun, ProjectedState
 
 from .core import EngineCore
@@ -107,17 +112,33 @@ class LiveEngine:
     _applied: asyncio.Condition = field(init=False)
     _wake: asyncio.Event = field(init=False)
     _inflight: set[str] = field(default_factory=set)
-    _since_snapshot: int = 0
-    _since_digest: int = 0
     fold: ChainedFold = field(init=False)
+    #: Longest stretch of snapshot encoding between two yields to the loop.
+    snapshot_slice_s: float = 0.005
+    _digest_through: int = -1  # offset of the last LedgerDigest taken
+    _snapshot_through: int = -1  # offset of the last snapshot taken
+    _checkpoint_due: asyncio.Event = field(init=False)
+    _snapshot_task: asyncio.Task[None] | None = None
+    _reconciling: bool = False  # the reconciler task runs
+    _at_rest: bool = False  # ... and waits for a wake or its next deadline
+    _rested: asyncio.Event = field(init=False)
+    #: How long taking a checkpoint blocks the loop (the last one's length; it
+    #: is mostly the state hash), so one is not started just before a deadline.
+    _checkpoint_s: float = 0.05
     observe_every_ms: int = 1000
     _observed_at: int = 0
+    _disarm_not_before: int = 0  # see step: a ledger clock behind ours
 
     elect_backoff_s: float = 0.05
     elect_backoff_max_s: float = 2.0
     progress_every_s: float = 10.0
     _rng: random.Random = field(default_factory=random.Random)
     _leading: bool = False
+    #: Appends waiting to read themselves back: token -> the state's offset when sent.
+    _readbacks: dict[int, int] = field(default_factory=dict)
+    _readback_token: int = 0
+    #: Batches the follower applied while a read-back was pending.
+    _kept: list[list[Record]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.core = EngineCore(self.projection, instance=self.instance)
@@ -178,6 +199,8 @@ class LiveEngine:
                 offset = await self.append_applied(
                     [LeaderElected(epoch=epoch, instance=self.instance)]
                 )
+            except ReadBackError:
+                raise
             except LedgerError as exc:
                 log.warning(
                     "engine %s could not claim epoch %d (%s); retrying in %.2f s",
@@ -229,11 +252,18 @@ class LiveEngine:
         """Run until ``stop`` is set; then cancel every task and return."""
         self._applied = asyncio.Condition()
         self._wake = asyncio.Event()
+        self._checkpoint_due = asyncio.Event()
+        self._rested = asyncio.Event()
         if not await self.restore(stop):
             return
+        self._digest_through = self._snapshot_through = self.state.offset
+        # At start-up, not at the first checkpoint: the state hash's first
+        # computation builds what later ones update (DECISIONS 234, 242).
+        state_hash(self.state)
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._follow())
+                group.create_task(self._checkpoints(group))
                 if self.election:
                     await self.elect(stop)
                 if ready is not None:
@@ -249,41 +279,175 @@ class LiveEngine:
             apply = self.fold.apply
             for record in batch:
                 apply(record)
+            if self._readbacks:  # an append of this engine waits to read itself back
+                self._kept.append(batch)
             # a backlog is read without suspending: let stop and the reconciler in
             await asyncio.sleep(0)
-            self._since_snapshot += len(batch)
-            self._since_digest += len(batch)
             async with self._applied:
                 self._applied.notify_all()
             self._wake.set()
-            if self._since_snapshot >= self.snapshot_every:
-                await self.checkpoint(snapshot=True)
-            elif self._since_digest >= self.digest_every:
-                await self.checkpoint(snapshot=False)
+            if self._checkpoint_is_due():
+                self._checkpoint_due.set()
+
+    def _checkpoint_is_due(self) -> bool:
+        offset = self.state.offset
+        return (
+            offset - self._digest_through >= self.digest_every
+            or offset - self._snapshot_through >= self.snapshot_every
+        )
+
+    async def _checkpoints(self, group: asyncio.TaskGroup) -> None:
+        """Take each checkpoint that falls due (DESIGN §9), after the reconciler.
+
+        When the follower has folded ``digest_every`` records since the last
+        ``LedgerDigest`` (``snapshot_every`` since the last snapshot), this task
+        waits until the reconciler has looked at the state (fired what is due,
+        started the evictions to drive) and no timer falls due while the
+        checkpoint would block the loop, then takes the checkpoint of the state
+        as it is then: ``through`` is that offset. A snapshot is then encoded
+        and written by a task of its own while the engine goes on (one at a
+        time: one falling due meanwhile waits for it to end).
+        """
+        while True:
+            await self._checkpoint_due.wait()
+            self._checkpoint_due.clear()
+            await self._after_reconciler()
+            await self._clear_of_deadlines()
+            offset = self.state.offset
+            snapshot = (
+                offset - self._snapshot_through >= self.snapshot_every
+                and self._snapshot_task is None
+            )
+            if not snapshot and offset - self._digest_through < self.digest_every:
+                continue
+            began = time.perf_counter()
+            taken = self._take_checkpoint(snapshot=snapshot)
+            self._checkpoint_s = time.perf_counter() - began
+            if taken.copy is not None:
+                self._snapshot_task = group.create_task(self._snapshot_in_background(taken))
+            await self._append_digest(taken)
+
+    async def _after_reconciler(self, wait_s: float = 0.05) -> None:
+        """Until the reconciler waits for its next wake with none pending (at
+        most ``wait_s``; at once when it does not run)."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + wait_s
+        while self._reconciling and not (self._at_rest and not self._wake.is_set()):
+            self._rested.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(until):
+                    await self._rested.wait()
+            if loop.time() >= until:
+                return
+
+    async def _clear_of_deadlines(self, wait_s: float = 1.0) -> None:
+        """Until no timer falls due while a checkpoint would block the loop (as
+        long as the last one did, plus a margin): a timer due within that time
+        is fired first (at most ``wait_s``; at once for an engine that does not
+        decide)."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + wait_s
+        while self._reconciling and self.is_leader() and loop.time() < until:
+            deadline = self.core.next_deadline()
+            if deadline is None:
+                return
+            ahead_s = (deadline - self.clock_ms()) / 1000
+            if ahead_s > 1.5 * self._checkpoint_s + 0.005:
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(until):
+                    await asyncio.sleep(max(0.0, ahead_s) + 0.001)
+                    await self._after_reconciler()
 
     async def checkpoint(self, *, snapshot: bool) -> None:
         """DESIGN §9: append ``LedgerDigest{through, digest, state_hash}`` for the
         state just folded (only a writer that may append: the leader, or any
         engine with election off), and with ``snapshot`` store a snapshot
-        carrying the same digest and state hash."""
-        self._since_digest = 0
-        if snapshot:
-            self._since_snapshot = 0
+        carrying the same digest and state hash; returns once both are written.
+
+        The running engine takes its checkpoints through :meth:`_checkpoints`
+        (the same steps, the snapshot written in the background)."""
+        taken = self._take_checkpoint(snapshot=snapshot)
+        await self._append_digest(taken)
+        if taken.copy is not None:
+            await self._write_snapshot(taken)
+
+    def _take_checkpoint(self, *, snapshot: bool) -> _Checkpoint:
+        """The checkpoint of the state as it is now, in one step (no await, so
+        no record is folded in between): the chain's digest, the state hash and,
+        with ``snapshot``, a copy of the persisted state (:func:`copy_persisted`,
+        a few ms) that the snapshot is encoded from while folding goes on."""
         state = self.state
-        through, digest, hashed = state.offset, self.fold.chain.hex, state_hash(state)
-        if self.is_leader():
-            anchor = LedgerDigest(through=through, digest=digest, state_hash=hashed)
-            await self.append([anchor])
+        taken = _Checkpoint(
+            through=state.offset,
+            digest=self.fold.chain.hex,
+            state_hash=state_hash(state),
+            copy=copy_persisted(state) if snapshot else None,
+        )
+        self._digest_through = taken.through
         if snapshot:
-            await self.ledger.save_snapshot(
-                Snapshot(
-                    offset=through,
-                    blob=(blob := dump(state)),
-                    digest=digest,
-                    state_hash=hashed,
-                    checksum=Snapshot.checksum_of(blob),
-                )
+            self._snapshot_through = taken.through
+        return taken
+
+    async def _append_digest(self, taken: _Checkpoint) -> None:
+        if self.is_leader():
+            anchor = LedgerDigest(
+                through=taken.through, digest=taken.digest, state_hash=taken.state_hash
             )
+            await self.append([anchor])
+
+    async def _write_snapshot(self, taken: _Checkpoint) -> None:
+        """Encode ``taken``'s copy at most ``snapshot_slice_s`` at a time, yielding
+        to the loop in between; checksum it on a thread (hashlib releases the
+        GIL); store it (the ledger writes it off the loop, without holding up
+        appends). The blob is :func:`~quotaledger.projections.snapshot.dump` of
+        the state at ``through``, byte for byte."""
+        assert taken.copy is not None
+        pieces: list[bytes] = []
+        clock = time.perf_counter
+        began = clock()
+        until = began + self.snapshot_slice_s
+        for piece in dump_pieces(taken.copy):
+            pieces.append(piece)
+            if clock() >= until:
+                await asyncio.sleep(0)
+                until = clock() + self.snapshot_slice_s
+        blob = b"".join(pieces)
+        del pieces
+        encoded = clock()
+        checksum = await asyncio.to_thread(Snapshot.checksum_of, blob)
+        await self.ledger.save_snapshot(
+            Snapshot(
+                offset=taken.through,
+                blob=blob,
+                digest=taken.digest,
+                state_hash=taken.state_hash,
+                checksum=checksum,
+            )
+        )
+        log.debug(
+            "engine %s: snapshot at offset %d stored (%d bytes; encoded in %.3f s, written in"
+            " %.3f s, now at offset %d)",
+            self.instance,
+            taken.through,
+            len(blob),
+            encoded - began,
+            clock() - encoded,
+            self.state.offset,
+        )
+
+    async def _snapshot_in_background(self, taken: _Checkpoint) -> None:
+        """:meth:`_write_snapshot`; a failure is logged (a snapshot is a cache,
+        DESIGN §9) and the next one falls due as usual."""
+        try:
+            await self._write_snapshot(taken)
+        except LedgerError as exc:
+            log.warning(
+                "engine %s: snapshot at offset %d not stored: %s", self.instance, taken.through, exc
+            )
+        finally:
+            self._snapshot_task = None
+            self._checkpoint_due.set()  # one that fell due meanwhile
 
     async def applied_through(self, offset: int) -> None:
         """Wait until the follower has applied ``offset``."""
@@ -299,11 +463,63 @@ class LiveEngine:
 
         The batch's last offset ends a batch, so every batch up to it has been
         applied whole (``EngineCore.sealed_through``).
+
+        The wait is over only when the records the follower applied at the
+        offsets the ledger assigned are this append's own payloads, byte for
+        byte (DECISIONS 201): a filler or any other record there means the
+        state lacks this engine's own decisions, and :class:`ReadBackError`
+        stops the engine rather than let it decide on that state.
         """
-        offsets = await self.append(events)
-        await self.applied_through(offsets[-1])
+        payloads = [encode_event(e) for e in events]
+        token = self._readback_token = self._readback_token + 1
+        # Records at or before the state's offset existed before this append was
+        # sent, so its own come later: the follower keeps what it applies from now.
+        self._readbacks[token] = self.state.offset
+        try:
+            offsets = await self.ledger.append([Append(payload=p) for p in payloads])
+            await self.applied_through(offsets[-1])
+            self._check_read_back(offsets, payloads)
+        finally:
+            del self._readbacks[token]
+            self._trim_kept()
         self.core.sealed_through = max(self.core.sealed_through, offsets[-1])
         return offsets[0]
+
+    def _check_read_back(self, offsets: list[int], payloads: list[bytes]) -> None:
+        """Raise :class:`ReadBackError` unless the batches applied since the
+        append was sent hold ``payloads`` at ``offsets`` (a few compares)."""
+        found: dict[int, bytes] = {}
+        low, high = offsets[0], offsets[-1]
+        for batch in self._kept:
+            if not batch or batch[-1].offset < low or batch[0].offset > high:
+                continue
+            first = batch[0].offset
+            for offset in offsets:
+                index = offset - first
+                if 0 <= index < len(batch) and batch[index].offset == offset:
+                    found[offset] = batch[index].payload
+        for offset, payload in zip(offsets, payloads, strict=True):
+            got = found.get(offset)
+            if got == payload:
+                continue
+            what = "no record" if got is None else f"another record ({got[:160]!r})"
+            message = (
+                f"engine {self.instance}: the ledger acknowledged its append at offsets"
+                f" {low}..{high}, but the follower applied {what} at offset {offset}:"
+                " this engine's state lacks its own decision (a reader that filled or"
+                " skipped offsets the broker had not proven gone?); stopping rather than"
+                " deciding on that state"
+            )
+            log.error("%s", message)
+            raise ReadBackError(message)
+
+    def _trim_kept(self) -> None:
+        """Drop kept batches no pending read-back can need."""
+        if not self._readbacks:
+            self._kept.clear()
+            return
+        floor = min(self._readbacks.values())
+        self._kept = [batch for batch in self._kept if batch and batch[-1].offset > floor]
 
     def is_leader(self) -> bool:
         """May this engine decide now (fire timers, sample clocks, drive evictions)?
@@ -336,19 +552,26 @@ class LiveEngine:
         return leading
 
     async def _reconcile(self, group: asyncio.TaskGroup) -> None:
+        self._reconciling = True
         while True:
             timeout = self.idle_poll_s
             # A follower (not the leader) fires no timer: waking at a due deadline
             # it will not handle would spin.
             deadline = self.core.next_deadline() if self._check_leading() else None
+            disarm = self._disarm_due() if self._leading else None
+            if disarm is not None and (deadline is None or disarm < deadline):
+                deadline = disarm
             if deadline is not None:
                 timeout = max(0.0, min(timeout, (deadline - self.clock_ms()) / 1000))
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a
             # cancellation that arrives just as the event is set (gh-86296), and
             # the TaskGroup would then wait for this loop forever on stop.
+            self._at_rest = True
+            self._rested.set()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await self._wake.wait()
+            self._at_rest = False
             self._wake.clear()
             if not self._check_leading():
                 continue
@@ -356,7 +579,10 @@ class LiveEngine:
 
     async def step(self, group: asyncio.TaskGroup) -> None:
         """One round: sample the clocks (at most once a second), finish, drive
-        evictions, fire due timers."""
+        evictions, fire due timers (a quota-decrease timer that found nothing
+        to do on an older state is evaluated again), and carry the ledger's
+        time past a passed deadline whose target is empty, so that the fold
+        disarms it (§8 rule 21, DECISIONS 210)."""
         now = self.clock_ms()
         if now - self._observed_at >= self.observe_every_ms:
             self._observed_at = now
@@ -370,6 +596,7 @@ class LiveEngine:
             if eviction.eviction_id not in self._inflight:
                 self._inflight.add(eviction.eviction_id)
                 group.create_task(self._drive(eviction))
+        self.core.revisit()
         now = self.clock_ms()
         for timer in self.core.due(now):
             if not self.is_leader():
@@ -378,6 +605,21 @@ class LiveEngine:
             if events:
                 await self.append_applied(events)
                 self.core.reopen_if_refused(timer, events, now=self.clock_ms())
+        disarm = self._disarm_due()
+        now = self.clock_ms()
+        if disarm is not None and now >= disarm and self.is_leader():
+            self._observed_at = now
+            await self.append_applied([self.core.disarm_record(now)])
+            if self.state.ts < disarm:
+                # the ledger stamped it before our clock (its clock is behind):
+                # no later ts, no disarm; try again in a second rather than spin
+                self._disarm_not_before = now + 1000
+
+    def _disarm_due(self) -> int | None:
+        """When to append the record that lets the fold disarm a passed,
+        empty quota-decrease deadline (:meth:`EngineCore.disarm_at`)."""
+        disarm = self.core.disarm_at()
+        return None if disarm is None else max(disarm, self._disarm_not_before)
 
     async def _drive(self, eviction: EvictionRun) -> None:
         try:
@@ -389,6 +631,20 @@ class LiveEngine:
         finally:
             self._inflight.discard(eviction.eviction_id)
             self._wake.set()
+
+
+class ReadBackError(LedgerError):
+    """What the follower applied at an append's offsets is not that append."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Checkpoint:
+    """A checkpoint taken at ``through`` (see ``LiveEngine._take_checkpoint``)."""
+
+    through: int
+    digest: str
+    state_hash: str
+    copy: PersistedCopy | None
 
 
 def _rejected(state: ProjectedState, offset: int) -> bool:

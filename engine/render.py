@@ -34,8 +34,8 @@ def _line(name: str, quota: dict[str, Any]) -> str:
 
 
 def tree_text(state: dict[str, Any]) -> str:
-    """The quota tree with min/max/request/used/runtime per quota."""
-    quotas: dict[str, dict[str, Any]] = state["quotas"]
+    """``replay``'s view: a header (offset, time, hash, cluster totals), the quota tree
+    (:func:`tree_lines`), then the running preemptions and the count of rejected records."""
     cluster = state["cluster"]
     lines = [
         f"offset {state['offset']} at {state['time']}  hash {state['hash'][:16]}",
@@ -43,8 +43,21 @@ def tree_text(state: dict[str, Any]) -> str:
         f"  (allocatable {amounts(cluster['allocatable'])};"
         f" system used {amounts(cluster['system_used'])};"
         f" default used {amounts(cluster['default_used'])})",
-        "root",
+        *tree_lines(state),
     ]
+    running = {q: p for q, p in state["preemptions"].items() if p["running"] or p["deadline"]}
+    for queue, info in sorted(running.items()):
+        lines.append(f"preemption {queue}: deadline {info['deadline']} running {info['running']}")
+    if state["rejected"]:
+        lines.append(f"{len(state['rejected'])} rejected record(s); see `replay --json`")
+    return "\n".join(lines)
+
+
+def tree_lines(state: dict[str, Any]) -> list[str]:
+    """``tree``'s view (DECISIONS 263): ``root`` and every quota indented under its
+    parent with min/max/request/used/runtime, then the orphans; nothing else."""
+    quotas: dict[str, dict[str, Any]] = state["quotas"]
+    lines = ["root"]
 
     def walk(names: list[str], prefix: str) -> None:
         for index, name in enumerate(names):
@@ -61,9 +74,4 @@ def tree_text(state: dict[str, Any]) -> str:
     if orphans:
         lines.append("orphans (parent missing)")
         walk(orphans, "")
-    running = {q: p for q, p in state["preemptions"].items() if p["running"] or p["deadline"]}
-    for queue, info in sorted(running.items()):
-        lines.append(f"preemption {queue}: deadline {info['deadline']} running {info['running']}")
-    if state["rejected"]:
-        lines.append(f"{len(state['rejected'])} rejected record(s); see `replay --json`")
-    return "\n".join(lines)
+    return lines

@@ -7,7 +7,8 @@ same state, byte for byte.
 from .derive import recompute_all, settle
 from .fold import OutOfOrder, Projection
 from .state import ProjectedState, Settings
-from .view import rfc3339, state_hash, state_json
+from .state_digest import state_hash
+from .view import rfc3339, state_json
 
 __all__ = [
     "OutOfOrder",

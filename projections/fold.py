@@ -45,7 +45,8 @@ from .clocks import apply_observation, release_holds
 from .derive import settle
 from .plans import decrease_target
 from .resources import add_into, sub_into
-from .state import ACTIVE_PHASES, ROOT, ProjectedState, Rejection
+from .state import ACTIVE_PHASES, ROOT, NodeMeta, ProjectedState, Rejection
+from .state_digest import forget as forget_digests
 from .tree import attach_pod, compact, detach_pod, drop_quota, put_quota, replace_pod
 from .validation import check_remove, check_upsert
 
@@ -167,6 +168,10 @@ class Projection:
             if old.phase in ACTIVE_PHASES:
                 detach_pod(state, old)
             guard.on_pod_gone(state, event.uid)
+            marks = state.hash_pods
+            marks.add(event.uid)
+            if len(marks) > 2 * len(state.pods) + 4096:  # nobody hashes: keep them bounded
+                forget_digests(state)
         return None
 
     def _node_upserted(self, offset: int, ts: int, event: NodeUpserted) -> str | None:
@@ -177,14 +182,21 @@ class Projection:
         state.nodes[event.name] = event.allocatable
         add_into(state.allocatable, event.allocatable)
         state.total_dirty = True
+        if event.labels or event.unschedulable:
+            state.node_meta[event.name] = NodeMeta(dict(event.labels), event.unschedulable)
+        elif state.node_meta:
+            state.node_meta.pop(event.name, None)
+        state.hash_nodes.add(event.name)
         return None
 
     def _node_removed(self, offset: int, ts: int, event: NodeRemoved) -> str | None:
         state = self.state
         removed = state.nodes.pop(event.name, None)
+        state.node_meta.pop(event.name, None)
         if removed is not None:
             sub_into(state.allocatable, removed)
             state.total_dirty = True
+            state.hash_nodes.add(event.name)
         return None
 
     def _quota_upserted(self, offset: int, ts: int, event: QuotaUpserted) -> str | None:
@@ -203,6 +215,7 @@ class Projection:
 
     def _namespace_weighted(self, offset: int, ts: int, event: NamespaceWeighted) -> str | None:
         self.state.namespace_weights[event.namespace] = event.weight
+        self.state.hash_weights.add(event.namespace)
         return None
 
     def _pod_upserted(self, offset: int, ts: int, pod: PodUpserted) -> str | None:
@@ -212,6 +225,7 @@ class Projection:
         old = pods.get(uid)
         compact(pod, old)
         pods[uid] = pod
+        state.hash_pods.add(pod.uid)  # the key object the state holds (compact)
         phase = pod.phase
         active = phase == "Running" or phase == "Pending"
         if old is None:

@@ -2,9 +2,11 @@
 
 The guard lives in the projection, so it is applied in ledger order: it holds
 across restarts and with two engines writing one ledger. A ``PreemptionStarted``
-is refused while its queue is occupied or when its leader epoch is stale; a
-preemption occupies its queue and every queue it evicts from until its
-``PreemptionFinished``. An eviction is refused for a pod already being evicted.
+is refused while its queue is occupied, when its leader epoch is stale, when its
+``preemption_id`` was used before, or when the timer it answers no longer holds
+at its own offset (DECISIONS 211); a preemption occupies its queue and every
+queue it evicts from until its ``PreemptionFinished``. An eviction is refused
+for a pod already being evicted.
 """
 
 from __future__ import annotations
@@ -104,7 +106,14 @@ def on_leader(state: ProjectedState, event: LeaderElected) -> str | None:
 
 
 def on_started(state: ProjectedState, event: PreemptionStarted, offset: int, ts: int) -> str | None:
-    """Admit a preemption, or say why the guard refuses it."""
+    """Admit a preemption, or say why the guard refuses it.
+
+    A decision is accepted only where it is justified at its own offset
+    (DECISIONS 211): besides a current epoch, a known and free queue and a
+    ``preemption_id`` never started before, the trigger it answers must still
+    hold at ``ts`` (:func:`trigger_gone`). Two engines deciding from stale
+    views can thus never run one trigger twice: the first accepted answer
+    consumes it (a deadline popped, a clock held when the preemption ends)."""
     if event.epoch < state.leader_epoch:
         return f"epoch: stale leader epoch {event.epoch} < {state.leader_epoch}"
     if event.queue not in state.quotas:
@@ -117,12 +126,9 @@ def on_started(state: ProjectedState, event: PreemptionStarted, offset: int, ts:
     holder = state.occupied.get(event.queue)
     if holder is not None:
         return f"queue: {event.queue!r} is occupied by preemption {holder!r}"
-    if event.cause == "quota-decrease":
-        deadline = state.decrease_deadlines.get(event.queue)
-        if deadline is None:
-            return f"queue: {event.queue!r} has no armed quota-decrease deadline"
-        if deadline > ts:
-            return f"queue: {event.queue!r} deadline {deadline} is after {ts}"
+    gone = trigger_gone(state, event, ts)
+    if gone is not None:
+        return gone
     state.preemptions[event.preemption_id] = PreemptionRun(
         preemption_id=event.preemption_id,
         queue=event.queue,
@@ -136,6 +142,58 @@ def on_started(state: ProjectedState, event: PreemptionStarted, offset: int, ts:
     state.occupied[event.queue] = event.preemption_id
     if event.cause == "quota-decrease":
         state.decrease_deadlines.pop(event.queue, None)
+    return None
+
+
+def trigger_gone(state: ProjectedState, event: PreemptionStarted, ts: int) -> str | None:
+    """Why the timer a ``PreemptionStarted`` answers is not armed and due at
+    ``ts`` on ``state`` (None when it is), DECISIONS 211. The timers are the
+    engine's (DESIGN §6 rules 1-3, §8 rules 19, 29, 31):
+
+    * quota-decrease: ``quota_preemption_enabled`` and the queue's deadline
+      armed and at or before ``ts``;
+    * overuse: ``revoke_enabled``, the queue's owing clock running and not
+      held, and ``since + revoke_after_s`` at or before ``ts``;
+    * reclaim: ``reclaim_enabled``, ``pod_uid`` an active pod of the queue, its
+      starving clock running and not held, and ``since + reclaim_after_s`` at
+      or before ``ts``.
+    """
+    settings = state.settings
+    queue = event.queue
+    if event.cause == "quota-decrease":
+        if not settings.quota_preemption_enabled:
+            return "cause: quota-decrease preemption is disabled (quota_preemption_enabled)"
+        deadline = state.decrease_deadlines.get(queue)
+        if deadline is None:
+            return f"queue: {queue!r} has no armed quota-decrease deadline"
+    elif event.cause == "overuse":
+        if not settings.revoke_enabled:
+            return "cause: overuse revoke is disabled (revoke_enabled)"
+        if queue in state.owing_held:
+            return f"queue: {queue!r} overuse clock is held after its last revoke"
+        since = state.owing_since.get(queue)
+        if since is None:
+            return f"queue: {queue!r} has no running overuse clock"
+        deadline = since + round(settings.revoke_after_s * 1000)
+    elif event.cause == "reclaim":
+        if not settings.reclaim_enabled:
+            return "cause: starvation reclaim is disabled (reclaim_enabled)"
+        uid = event.pod_uid
+        if uid is None:
+            return "pod_uid: a reclaim names its starving pod"
+        if state.pod_quota.get(uid) != queue:
+            return f"pod_uid: {uid!r} is not an active pod of {queue!r}"
+        if uid in state.starving_held:
+            return f"pod_uid: {uid!r} starvation clock is held after its last reclaim"
+        since = state.starving_since.get(uid)
+        if since is None:
+            return f"pod_uid: {uid!r} has no running starvation clock"
+        deadline = since + round(settings.reclaim_after_s * 1000)
+    else:  # a cause the decoder admits is one of the three
+        return f"cause: unknown cause {event.cause!r}"
+    if deadline > ts:
+        timer = "deadline" if event.cause == "quota-decrease" else f"{event.cause} deadline"
+        return f"queue: {queue!r} {timer} {deadline} is after {ts}"
     return None
 
 

@@ -7,12 +7,13 @@ the facts before each decision and compares. Nothing here reads a clock.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 
 from quotaledger.events.model import PodUpserted, PreemptionCause
-from quotaledger.events.times import epoch_us
+from quotaledger.events.times import as_utc, epoch_us
 
 from .clocks import owed
 from .derive import settle
@@ -52,8 +53,27 @@ def _younger_first(pod: PodUpserted) -> tuple[int, int]:
 
 
 def created_text(pod: PodUpserted) -> str | None:
-    """A pod's ``created_at`` as recorded in a victim's ``explain`` (RFC 3339 or null)."""
-    return pod.created_at.isoformat() if pod.created_at else None
+    """A pod's ``created_at`` as recorded in a victim's ``explain``: RFC 3339 in UTC
+    with ``Z`` (DECISIONS 9; the microseconds the input gave, when not zero), or null."""
+    if not pod.created_at:
+        return None
+    return as_utc(pod.created_at).astimezone(UTC).isoformat().removesuffix("+00:00") + "Z"
+
+
+def comparable_explain(explain: Mapping[str, Any]) -> dict[str, Any]:
+    """An explain as ``audit`` compares a recorded one with the re-derived one:
+    ``sort_key.created_at`` as an instant, so an explain written before created_at was
+    written with ``Z`` (``+00:00``, DECISIONS 264) still matches."""
+    out = dict(explain)
+    key = out.get("sort_key")
+    created = key.get("created_at") if isinstance(key, Mapping) else None
+    if isinstance(key, Mapping) and isinstance(created, str):
+        try:
+            instant: Any = epoch_us(datetime.fromisoformat(created))
+        except ValueError:
+            instant = created
+        out["sort_key"] = {**key, "created_at": instant}
+    return out
 
 
 def decrease_sort_key(pod: PodUpserted) -> tuple[Any, ...]:

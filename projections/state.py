@@ -50,6 +50,9 @@ class Persisted(msgspec.Struct, frozen=True):
     #: Only the keys of a dict are hashed: its values are ledger positions
     #: (where a record happens to sit), not what the records say.
     hash_keys_only: bool = False
+    #: Added after snapshots were first written: a snapshot without it restores
+    #: the field empty (its type's empty value) instead of being refused.
+    absent_is_empty: bool = False
 
 
 #: Field metadata of a persisted field, in the state hash or outside it.
@@ -57,6 +60,8 @@ HASHED = MappingProxyType({PERSISTED: Persisted(hashed=True)})
 UNHASHED = MappingProxyType({PERSISTED: Persisted(hashed=False)})
 #: Persisted, and hashed by its keys only (see ``Persisted.hash_keys_only``).
 HASHED_KEYS = MappingProxyType({PERSISTED: Persisted(hashed=True, hash_keys_only=True)})
+#: Persisted outside the hash; restored empty from a snapshot that predates it.
+UNHASHED_LATER = MappingProxyType({PERSISTED: Persisted(hashed=False, absent_is_empty=True)})
 
 
 class Settings(msgspec.Struct, kw_only=True):
@@ -69,6 +74,14 @@ class Settings(msgspec.Struct, kw_only=True):
     reclaim_after_s: float = 30.0
     quota_preemption_enabled: bool = False
     preemption_miss_percent: float = 0.0
+
+
+class NodeMeta(msgspec.Struct, frozen=True):
+    """What a ``NodeUpserted`` says besides allocatable, for a node whose labels or
+    ``unschedulable`` are not the defaults (DECISIONS 260)."""
+
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    unschedulable: bool = False
 
 
 class Rejection(msgspec.Struct, frozen=True):
@@ -214,6 +227,9 @@ class ProjectedState:
     # who holds ``leader_epoch`` (its accepted LeaderElected)
     leader_instance: str = field(default="", metadata=HASHED)
     nodes: dict[str, RL] = field(default_factory=dict, metadata=HASHED)
+    # labels and unschedulable of the nodes whose values are not the defaults: no
+    # number reads them; kept so a new leader appends only changed nodes (DECISIONS 260)
+    node_meta: dict[str, NodeMeta] = field(default_factory=dict, metadata=UNHASHED_LATER)
     # stored as the configurations; nodes and their numbers are rebuilt
     quotas: dict[str, QuotaNode] = field(default_factory=dict, metadata=HASHED)
     pods: dict[str, PodUpserted] = field(default_factory=dict, metadata=HASHED)
@@ -274,6 +290,14 @@ class ProjectedState:
     cluster_total: RL = field(default_factory=dict)
     root_subtree: RL = field(default_factory=dict)
     root_usage: RL = field(default_factory=dict)
+    # the incremental state hash (:mod:`.state_digest`): the entries of the
+    # large maps changed since it last looked (one insertion per change, by
+    # the fold and the tree), and the digests it keeps
+    hash_pods: set[str] = field(default_factory=set)
+    hash_quotas: set[str] = field(default_factory=set)
+    hash_nodes: set[str] = field(default_factory=set)
+    hash_weights: set[str] = field(default_factory=set)
+    hash_memo: object = None
 
     @classmethod
     def empty(cls) -> ProjectedState:

@@ -14,6 +14,7 @@ from sys import intern
 
 from quotaledger.events.model import PodUpserted, QuotaUpserted
 
+from .persisted import SMALL_DICT
 from .resources import RL, add_into
 from .state import (
     ACTIVE_PHASES,
@@ -32,9 +33,13 @@ def compact(pod: PodUpserted, old: PodUpserted | None) -> None:
     node names are interned, a name equal to the uid is the uid, and equal
     label maps are one shared map. A pod upserted again reuses the previous
     version's equal values, so replacing it frees only what was just decoded.
-    Pods are facts the projection never mutates otherwise: sharing is safe."""
+    Pods are facts the projection never mutates otherwise: sharing is safe.
+    Labels or requests of more than ``SMALL_DICT`` keys are kept sorted by key
+    (the hash and snapshot encoders then never sort a large map, DECISIONS 232)."""
     pod.at = None
     name, namespace, node, labels = pod.name, pod.namespace, pod.node, pod.labels
+    if len(pod.requests) > SMALL_DICT:
+        pod.requests = dict(sorted(pod.requests.items()))
     if old is None:
         uid = pod.uid
         if name == uid:
@@ -43,7 +48,7 @@ def compact(pod: PodUpserted, old: PodUpserted | None) -> None:
         if node is not None:
             pod.node = intern(node)
         if labels:
-            pod.labels = _shared_labels(tuple(labels.items()))
+            pod.labels = _shared_labels(_label_items(labels))
         return
     uid = pod.uid = old.uid
     created = pod.created_at
@@ -60,7 +65,13 @@ def compact(pod: PodUpserted, old: PodUpserted | None) -> None:
         pod.node = kept_node if node == kept_node else intern(node)
     if labels:
         kept_labels = old.labels
-        pod.labels = kept_labels if labels == kept_labels else _shared_labels(tuple(labels.items()))
+        pod.labels = kept_labels if labels == kept_labels else _shared_labels(_label_items(labels))
+
+
+def _label_items(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    if len(labels) > SMALL_DICT:
+        return tuple(sorted(labels.items()))
+    return tuple(labels.items())
 
 
 @lru_cache(maxsize=4096)
@@ -310,6 +321,7 @@ def reassociate(
         if quota_for(state, pod) != state.pod_quota[uid]:
             detach_pod(state, pod)
             attach_pod(state, pod)
+            state.hash_pods.add(uid)  # its entry holds its quota (state_digest)
 
 
 def refresh_connectivity(state: ProjectedState, name: str) -> None:
@@ -330,6 +342,7 @@ def refresh_connectivity(state: ProjectedState, name: str) -> None:
         node = state.quotas[current]
         node.connected, node.depth = connected, depth
         mark_dirty(state, current)
+        state.hash_quotas.add(current)
         state.refill.add(current)
         for child in state.children(current):
             stack.append((child, connected, depth + 1))
@@ -344,6 +357,7 @@ def put_quota(state: ProjectedState, config: QuotaUpserted) -> QuotaUpserted | N
     name = config.name
     node = state.quotas.get(name)
     previous = node.config if node is not None else None
+    state.hash_quotas.add(name)
     if (
         node is not None
         and node.config.parent == config.parent
@@ -384,6 +398,7 @@ def drop_quota(state: ProjectedState, name: str) -> None:
     """Remove a validated-removable quota (no children, no pods)."""
     node = state.quotas.pop(name)
     state.tree_version += 1
+    state.hash_quotas.add(name)
     if node.store is state.columns:
         state.columns.release_row(node.row)
         node.store = None

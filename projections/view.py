@@ -1,29 +1,15 @@
-"""The state JSON of DESIGN §7 and the state hash (DESIGN §5 "State hash").
-
-The hash is a SHA-256 over a canonical (sorted-key JSON) encoding of everything
-the projection knows: the state JSON without ``offset``, ``time``, ``hash`` and
-``rejected`` (the derived numbers), plus every hashed persisted field — the same
-list snapshots store (:mod:`.persisted`; DECISIONS 60). So full replay,
-snapshot + tail and a live engine at the same offset agree, and a rejected fact
-leaves the hash unchanged. JSON integers are unbounded, so sums beyond 2^64
-hash too (DESIGN §9).
-"""
+"""The state JSON of DESIGN §7 (and the state hash it carries, :mod:`.state_digest`)."""
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
-
-import msgspec
 
 from .available import NumberReader, reported_available
 from .derive import settle
 from .fair_share import fair_shares, namespace_usage
-from .persisted import hashed
 from .resources import RL, sparse
 from .state import DEFAULT, SYSTEM, NamespaceUsage, ProjectedState, QuotaNode
-
-_ENCODER = msgspec.json.Encoder(order="sorted")
+from .state_digest import state_hash
 
 
 def rfc3339(ts_ms: int) -> str:
@@ -178,22 +164,13 @@ def preemptions_view(state: ProjectedState) -> dict[str, dict[str, Any]]:
     }
 
 
-def state_hash(state: ProjectedState, body: dict[str, Any] | None = None) -> str:
-    """SHA-256 of the canonical state (see module docstring); ``body`` is the
-    derived part when the caller has it already."""
-    digest = hashlib.sha256()
-    digest.update(_ENCODER.encode(body if body is not None else _body(state)))
-    digest.update(_ENCODER.encode(hashed(state)))
-    return digest.hexdigest()
-
-
 def state_json(state: ProjectedState) -> dict[str, Any]:
     """The whole state JSON of DESIGN §7."""
     body = _body(state)
     return {
         "offset": state.offset,
         "time": rfc3339(state.ts),
-        "hash": state_hash(state, body),
+        "hash": state_hash(state),
         **body,
         "rejected": [
             {"offset": item.offset, "kind": item.kind, "reason": item.reason}

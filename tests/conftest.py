@@ -8,7 +8,11 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.tansu import Tansu
+# Helper modules whose asserts are the tests' own: pytest's assertion
+# introspection for them too (before their first import).
+pytest.register_assert_rewrite("tests.import_support", "tests.ledger_contract")
+
+from tests.tansu import Tansu  # noqa: E402
 
 # How long an example takes is the machine's business (a loaded 2-core CI runner
 # is many times slower than a workstation), never a test's outcome: no per-example

@@ -131,3 +131,41 @@ async def running_watcher(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+IMPORT_DATA = Path(__file__).resolve().parent / "data" / "import"
+
+
+def load_source_samples(server: ApiServer, source: str, files: list[Path]) -> int:
+    """Put a scheduler's sample objects (tests/data/import) into the stand-in as that
+    scheduler's own collections (``quotaledger.adapters.kubernetes.sources``): each
+    document of a watched kind, in its collection; a raw YuniKorn ``queues.yaml`` as the
+    ConfigMap YuniKorn reads. Returns how many objects were put."""
+    import yaml
+
+    from quotaledger.adapters.kubernetes.sources import COLLECTIONS
+
+    by_kind = {collection.name: collection for collection in COLLECTIONS[source]}
+    put = 0
+    for path in files:
+        text = path.read_text()
+        for doc in yaml.safe_load_all(text):
+            if not isinstance(doc, dict):
+                continue
+            if source == "yunikorn" and "partitions" in doc:
+                doc = {"kind": "ConfigMap", "data": {"queues.yaml": text}}
+            collection = by_kind.get(str(doc.get("kind")))
+            if collection is None:
+                continue
+            obj = dict(doc)
+            meta = dict(obj.get("metadata") or {})
+            if collection.object_name is not None:
+                meta["name"] = collection.object_name
+            if collection.namespace is not None:
+                meta["namespace"] = collection.namespace
+            elif collection.scope == "all-namespaces":
+                meta.setdefault("namespace", "default")
+            obj["metadata"] = meta
+            server.put(collection.plural, obj, group=collection.group)
+            put += 1
+    return put

@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 import json
+import platform
+import re
 from typing import Any
 
 import pytest
 
+from quotaledger.adapters import bench_fold
+from quotaledger.adapters.bench_fold import (
+    TARGET_AUDIT_JOBS2_VS_1,
+    TARGET_BYTES_PER_POD,
+    TARGET_FOLD_EVENTS_PER_S,
+    TARGET_FOLD_VS_DECODE,
+    TARGET_FOLD_VS_MSGSPEC,
+    TARGET_FULL_RECOMPUTE_MS,
+    TARGET_INCREMENTAL_US,
+    TARGET_P99_US,
+    TARGET_REPLAY_10M_S,
+)
 from quotaledger.adapters.cli import main
 from quotaledger.adapters.workload import Workload, generate
 from quotaledger.events.codec import decode_event
@@ -30,6 +44,13 @@ FIGURES = (
     "audit_1m_jobs2_s",
     "audit_jobs2_vs_1",
     "fold_vs_msgspec",
+    "state_hash_ms",
+    "state_hash_incremental_us",
+    "digest_settle_ms",
+    "state_hash_bytes_per_pod",
+    "bytes_per_pod_hashed",
+    "tail_state_hash_ms",
+    "tail_snapshot_dump_ms",
 )
 
 
@@ -58,10 +79,88 @@ def test_bench_fold_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert set(report["targets_met"]) <= set(report)
 
 
-def test_bench_fold_table(capsys: pytest.CaptureFixture[str]) -> None:
+#: The table's rows, in order: (label, report key, unit, target).
+TABLE_ROWS = (
+    ("decode (ceiling)", "decode_events_per_s", "events/s", ""),
+    ("msgspec alone", "msgspec_decode_events_per_s", "events/s", ""),
+    ("fold", "fold_events_per_s", "events/s", f">= {TARGET_FOLD_EVENTS_PER_S:,}"),
+    ("fold / decode", "fold_vs_decode", "", f">= {TARGET_FOLD_VS_DECODE}"),
+    ("fold / msgspec alone", "fold_vs_msgspec", "", f">= {TARGET_FOLD_VS_MSGSPEC}"),
+    ("digest chain alone", "digest_chain_events_per_s", "events/s", ""),
+    ("full recompute", "full_recompute_ms", "ms", f"<= {TARGET_FULL_RECOMPUTE_MS:g}"),
+    ("incremental (median)", "incremental_recompute_us", "us", f"<= {TARGET_INCREMENTAL_US:g}"),
+    ("incremental (p99)", "incremental_recompute_p99_us", "us", f"<= {TARGET_P99_US:g}"),
+    ("settle after the fold", "settle_after_fold_ms", "ms", ""),
+    ("SQLite append", "append_events_per_s", "events/s", ""),
+    ("SQLite read", "read_events_per_s", "events/s", ""),
+    ("memory per pod", "bytes_per_pod", "bytes", f"<= {TARGET_BYTES_PER_POD}"),
+    ("10M replay (estimate)", "replay_10m_estimate_s", "s", f"<= {TARGET_REPLAY_10M_S:g}"),
+    ("replay (CLI)", "replay_1m_s", "s", ""),
+    ("audit (CLI)", "audit_1m_s", "s", ""),
+    ("audit --jobs 2 (CLI)", "audit_1m_jobs2_s", "s", ""),
+    ("audit jobs 2 / jobs 1", "audit_jobs2_vs_1", "", f"<= {TARGET_AUDIT_JOBS2_VS_1}"),
+)
+_ROW = re.compile(
+    r"(?P<label>.{24})(?P<value>.{16})  (?P<unit>.{9})(?P<target>.{12})(?P<verdict>yes|NO|)"
+)
+
+
+def test_bench_fold_table(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The table (no ``--json``) shows the report of its own run: every figure in
+    its row, as the report has it (to the digits shown), with its unit, its
+    target and a verdict exactly where there is a target; the workload line,
+    the record count, the rejections and the churn mix are the small
+    workload's known figures."""
+    reports: list[dict[str, Any]] = []
+    measure = bench_fold.run
+
+    def measured(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        reports.append(measure(*args, **kwargs))
+        return reports[-1]
+
+    monkeypatch.setattr(bench_fold, "run", measured)  # the real run, its report kept
     assert main(["bench", "fold", *SMALL, "--events", "500", "--cli-runs", "1"]) == 0
-    out = capsys.readouterr().out
-    assert "fold" in out and "target" in out and "estimate" in out
+    lines = capsys.readouterr().out.splitlines()
+    [report] = reports
+
+    work = generate(quotas=100, pods=1000, nodes=10, events=500, seed=1)
+    projection = Projection()
+    for record in work.records:
+        projection.apply_record(record)
+    assert lines[:3] == [
+        "quotaledger bench fold: 100 quotas (5 levels), 1,000 pods, 10 nodes, 500 events"
+        f" (seed 1, Python {platform.python_version()})",
+        "",
+        f"{'figure':<24}{'value':>16}  {'unit':<9}{'target':<12}met",
+    ]
+    rows = lines[3 : 3 + len(TABLE_ROWS)]
+    assert len(rows) == len(TABLE_ROWS)
+    for line, (label, key, unit, target) in zip(rows, TABLE_ROWS, strict=True):
+        row = _ROW.fullmatch(line)
+        assert row is not None, line
+        assert (row["label"].rstrip(), row["unit"].rstrip(), row["target"].rstrip()) == (
+            label,
+            unit,
+            target,
+        ), line
+        shown, value = float(row["value"].replace(",", "")), report[key]
+        assert shown > 0, line
+        if isinstance(value, int) or value >= 1000:  # whole numbers
+            assert abs(shown - value) <= 0.5, (line, value)
+        else:  # three significant digits
+            assert abs(shown - value) <= 0.005 * abs(value), (line, value)
+        verdict = ("yes" if report["targets_met"][key] else "NO") if target else ""
+        assert row["verdict"] == verdict, line
+    assert lines[3 + len(TABLE_ROWS) :] == [
+        "",
+        f"rejected by the projection: {len(projection.state.rejected)} of 1,611 records;"
+        f" active pods at the end: {report['active_pods']:,}",
+        "churn mix: " + ", ".join(f"{kind} {count:,}" for kind, count in work.mix.items()),
+        "(the 10M replay figure is an estimate: 10M / fold rate + the final settle)",
+    ]
+    assert sum(work.mix.values()) == 500 and report["mix"] == work.mix
 
 
 def test_generator_is_deterministic(workload: Workload) -> None:

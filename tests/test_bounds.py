@@ -11,10 +11,13 @@ from hypothesis import HealthCheck, given, settings
 
 from quotaledger.engine.core import timers
 from quotaledger.events.model import (
+    ClocksObserved,
     Event,
     LedgerOpened,
+    NamespaceWeighted,
     PreemptionFinished,
     PreemptionStarted,
+    SettingsChanged,
 )
 from quotaledger.projections import Projection, state_hash
 from quotaledger.projections.snapshot import dump, load
@@ -36,8 +39,21 @@ def finished(n: int) -> PreemptionFinished:
     )
 
 
+def owe(projection: Projection) -> None:
+    """Start default's overuse clock, due at once: the timer each revoke answers
+    (the guard admits a decision only while its timer is due, DECISIONS 211). A
+    fact first releases the clock held by the previous revoke (§8 rule 29)."""
+    state = projection.state
+    if state.settings.revoke_after_s:
+        assert projection.apply(state.offset + 1, 0, SettingsChanged(revoke_after_s=0.0))
+    assert projection.apply(state.offset + 1, 0, NamespaceWeighted(namespace="ns", weight=1))
+    started = ClocksObserved(basis=state.offset, owing_started={"default": 0})
+    assert projection.apply(state.offset + 1, 0, started)
+
+
 def run_preemptions(projection: Projection, first: int, count: int) -> None:
     for n in range(first, first + count):
+        owe(projection)
         offset = projection.state.offset
         assert projection.apply(offset + 1, 0, started(n))
         assert projection.apply(offset + 2, 0, finished(n))
@@ -52,6 +68,7 @@ def test_the_guard_remembers_the_last_finished_preemptions_only() -> None:
     assert "overuse/default/0" not in kept and "overuse/default/1" not in kept
     assert "overuse/default/2" in kept
     # a duplicate of a remembered id is refused; a forgotten one is not
+    owe(projection)
     offset = projection.state.offset
     assert not projection.apply(offset + 1, 0, started(2))
     assert "already used" in projection.state.rejected[-1].reason

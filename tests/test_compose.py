@@ -8,6 +8,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from quotaledger.adapters.cli import build_parser
@@ -104,3 +105,56 @@ def test_dockerfile_installs_the_package_as_readme_does() -> None:
     assert 'ENTRYPOINT ["quotaledger"]' in dockerfile
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored and "*.db" in ignored
+
+
+#: Where each image keeps its data, by the image's own configuration: (how it is set,
+#: the variable or flag, the image's default). apache/kafka: `log.dirs` through
+#: KAFKA_LOG_DIRS, else its server.properties' /tmp/kraft-combined-logs; prom/prometheus:
+#: --storage.tsdb.path, relative `data/` under its working directory /prometheus when a
+#: `command:` replaces the image's own; grafana/grafana: GF_PATHS_DATA.
+DATA_DIRECTORIES = {
+    "apache/kafka": ("env", "KAFKA_LOG_DIRS", "/tmp/kraft-combined-logs"),
+    "prom/prometheus": ("flag", "--storage.tsdb.path", "/prometheus/data"),
+    "grafana/grafana": ("env", "GF_PATHS_DATA", "/var/lib/grafana"),
+}
+#: Services that keep nothing: the demo producer writes to Kafka only.
+STATELESS = {"demo"}
+
+
+def data_directory(service: dict[str, Any]) -> str:
+    """The directory the service's image writes its data to, as configured."""
+    if service.get("build") == ".":  # quotaledger serve: its snapshot file's directory
+        args = build_parser().parse_args(service["command"])
+        return str(Path(args.snapshots).parent)
+    image = service["image"].rsplit(":", 1)[0]
+    how, name, default = DATA_DIRECTORIES[image]
+    if how == "env":
+        value = service.get("environment", {}).get(name, default)
+        return str(value).split(",")[0]
+    for arg in service.get("command", []):
+        if arg.startswith(f"{name}="):
+            return str(arg.split("=", 1)[1])
+    return default
+
+
+@pytest.mark.parametrize("path", ["docker-compose.yml", "deploy/shadow/docker-compose.yml"])
+def test_every_stateful_service_keeps_its_data_on_a_named_volume(path: str) -> None:
+    """The ledger is the system of record: Kafka's log (and every other service's data)
+    must be on a named volume, which `docker compose down && up` keeps."""
+    document = yaml.safe_load((ROOT / path).read_text())
+    declared = set(document.get("volumes") or {})
+    for name, service in document["services"].items():
+        if name in STATELESS:
+            continue
+        directory = data_directory(service)
+        named = {}
+        for mount in service.get("volumes", []):
+            source, target = mount.split(":")[:2]
+            if not source.startswith((".", "/")):
+                named[target.rstrip("/")] = source
+        on = [t for t in named if directory == t or directory.startswith(t + "/")]
+        assert on, f"{name}: its data directory {directory} is on no named volume ({named})"
+        assert named[on[0]] in declared, name
+    if "kafka" in document["services"]:
+        kafka = document["services"]["kafka"]["environment"]
+        assert kafka.get("CLUSTER_ID"), "a recreated broker must reuse the formatted log"

@@ -47,7 +47,6 @@ from quotaledger.events.model import (
     PreemptionStarted,
 )
 from quotaledger.projections import Projection
-from quotaledger.projections.plans import decrease_target
 from quotaledger.projections.state import EvictionRun, ProjectedState
 
 WORKER = Path(__file__).with_name("engine_worker.py")
@@ -154,19 +153,19 @@ def fold(records: Sequence[Record]) -> Projection:
 
 
 def quiescent(state: ProjectedState, now_ms: int, margin_ms: int = 300) -> bool:
-    """No preemption running, no eviction outstanding, no deadline still to fire.
+    """No preemption running, no eviction outstanding, no deadline armed.
 
-    An armed quota-decrease deadline may stay behind when its target turned out
-    empty (§8 rule 21 disarms it only at the next record); one with a target
-    left would be work an engine failed to do, so it keeps the ledger busy
-    (and the test times out naming it).
+    A passed quota-decrease deadline is either answered (a preemption started)
+    or, with an empty target, disarmed by the fold at a record the engine
+    appends after it (§8 rule 21, DECISIONS 210): one still armed is work an
+    engine failed to do, so it keeps the ledger busy (and the test times out
+    naming it). So ``now_ms`` and ``margin_ms`` (a deadline's grace before it
+    counted as missed) no longer matter: every armed deadline is work left.
     """
+    del now_ms, margin_ms
     if state.preemptions or any(e.outcome is None for e in state.evictions.values()):
         return False
-    return all(
-        deadline + margin_ms < now_ms and not decrease_target(state, queue)
-        for queue, deadline in state.decrease_deadlines.items()
-    )
+    return not state.decrease_deadlines
 
 
 def wait_quiescent(

@@ -103,6 +103,9 @@ def _evicted_and_finished(remove_before_finish: bool) -> list[Doc]:
     docs: list[Doc] = [
         {**pod, "uid": "p0", "name": "p0", "requests": {"cpu": 3}},
         {**pod, "uid": "p1", "name": "p1", "requests": {"cpu": 3}},
+        # the revoke's timer: a's overuse clock, due at once (DECISIONS 211)
+        {"kind": "SettingsChanged", "revoke_after_s": 0},
+        {"kind": "ClocksObserved", "basis": 6, "owing_started": {"a": 0}},
         {"kind": "PreemptionStarted", "preemption_id": "x", "queue": "a", "cause": "overuse"}
         | {"target": {"cpu": 3}, "basis": 5},
         {"kind": "EvictionRequested", "eviction_id": "e", "preemption_id": "x"}

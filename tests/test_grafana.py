@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
@@ -111,11 +112,15 @@ def test_every_panel_queries_exported_metrics_only() -> None:
         assert needed in used, needed
 
 
-def test_provisioning_points_at_the_dashboard_datasource() -> None:
+@pytest.mark.parametrize(
+    "datasource",
+    ["grafana/provisioning/datasources/prometheus.yml", "shadow/grafana-datasource.yml"],
+)
+def test_provisioning_points_at_the_dashboard_datasource(datasource: str) -> None:
+    """The compose file's and the shadow dashboards' datasources (docs/QUICKSTART.md) both
+    carry the uid the dashboard's panels query."""
     dashboard = json.loads(DASHBOARD.read_text())
-    datasources = yaml.safe_load(
-        (DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text()
-    )
+    datasources = yaml.safe_load((DEPLOY / datasource).read_text())
     uids = {source["uid"] for source in datasources["datasources"]}
     for panel in panels(dashboard):
         assert panel["datasource"]["uid"] in uids
@@ -124,4 +129,5 @@ def test_provisioning_points_at_the_dashboard_datasource() -> None:
     providers = yaml.safe_load(
         (DEPLOY / "grafana" / "provisioning" / "dashboards" / "quotaledger.yml").read_text()
     )
-    assert providers["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
+    # outside Grafana's data volume (/var/lib/grafana), so the shipped file is what loads
+    assert providers["providers"][0]["options"]["path"] == "/etc/grafana/dashboards"

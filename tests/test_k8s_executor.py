@@ -15,6 +15,7 @@ from quotaledger.engine.live import LiveEngine
 from quotaledger.events.codec import decode_event, encode_event
 from quotaledger.events.ledger import Append
 from quotaledger.events.model import (
+    ClocksObserved,
     EvictionFailed,
     EvictionRequested,
     EvictionSucceeded,
@@ -60,6 +61,9 @@ async def seed(r: Rig, *, on_server: bool = True) -> None:
     await r.ledger.append([Append(payload=encode_event(e)) for e in facts])
     basis = await r.ledger.last_offset()
     decisions = [
+        # the revoke's timer: q's overuse clock, long due (the guard admits only
+        # a decision whose timer holds, DECISIONS 211)
+        ClocksObserved(basis=basis, owing_started={"q": 0}),
         PreemptionStarted(
             preemption_id="p1", queue="q", cause="overuse", target={"cpu": 100}, basis=basis
         ),

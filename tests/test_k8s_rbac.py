@@ -1,10 +1,14 @@
-"""deploy/kubernetes/ grants exactly what the code uses (DESIGN §12): every API call that
-``run --kubeconfig --executor kubernetes`` makes against the stand-in API server is allowed by
-the shipped ClusterRole/Role, and every granted (group, resource, verb) is used."""
+"""deploy/kubernetes/ grants exactly what the code uses (DESIGN §12): every API call quotaledger
+makes against the stand-in API server is allowed by the shipped ClusterRole/Role, and every
+granted (group, resource, verb) is used. Shadow mode (the shipped Deployments' own command
+lines, ``single`` and ``ha``) needs base/rbac.yaml: read-only plus the Lease; evictions
+(``--executor kubernetes``) add evict/rbac.yaml; each quota source adds sources/NAME/rbac.yaml."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -114,7 +118,7 @@ async def evict_relist_and_check(r: Any, task: asyncio.Task[Any], stop: asyncio.
         lists, watches = collections(after, "list"), collections(after, "watch")
         return set(listed) <= set(lists) and set(listed) <= set(watches)
 
-    granted = rules("rbac.yaml")
+    granted = rules("base/rbac.yaml", "evict/rbac.yaml")
     try:
         await eventually(done, what="evictions done")
         await used_all(r, granted)
@@ -164,35 +168,21 @@ async def test_quota_sources_need_only_their_extra_rules(tmp_path: Path, source:
             await eventually(resumed, what="every watch resumed")
         base = [
             (ns, rule)
-            for ns, rule in rules("rbac.yaml")
-            if "pods/eviction" not in rule["resources"]
-            and "leases" not in rule["resources"]
-            and "quotas" not in rule["resources"]
+            for ns, rule in rules("base/rbac.yaml")
+            if "leases" not in rule["resources"] and "quotas" not in rule["resources"]
         ]
-        check(r.server.calls, base + rules(f"sources/{source}.yaml"))
+        check(r.server.calls, base + rules(f"sources/{source}/rbac.yaml"))
 
 
 async def _watching(watcher: Any) -> bool:
     return all(reflector.resource_version for reflector in watcher.reflectors.values())
 
 
-def test_manifests_deployment_service_and_crd() -> None:
-    docs = {
-        (doc["kind"], doc["metadata"]["name"]): doc
-        for path in sorted(DEPLOY.glob("*.yaml"))
-        for doc in yaml.safe_load_all(path.read_text())
-        if doc.get("kind") != "Kustomization"
-    }
-    deployment = docs[("Deployment", "quotaledger")]
-    assert deployment["spec"]["replicas"] == 2
-    pod_spec = deployment["spec"]["template"]["spec"]
-    assert pod_spec["serviceAccountName"] == "quotaledger"
-    container = pod_spec["containers"][0]
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert "--in-cluster" in container["args"] and "--executor=log" in container["args"]
-    assert ("Service", "quotaledger") in docs and ("Namespace", "quotaledger") in docs
-    crd = docs[("CustomResourceDefinition", "quotas.quotaledger.io")]
+def test_the_quota_crd_holds_the_quota_upserted_fields() -> None:
+    docs = [doc for doc in yaml.safe_load_all((DEPLOY / "base" / "quota-crd.yaml").read_text())]
+    crd = docs[0]
+    assert crd["kind"] == "CustomResourceDefinition"
+    assert crd["metadata"]["name"] == "quotas.quotaledger.io"
     assert crd["spec"]["scope"] == "Cluster" and crd["spec"]["names"]["kind"] == "Quota"
     version = crd["spec"]["versions"][0]
     assert version["name"] == "v1alpha1"
@@ -200,7 +190,47 @@ def test_manifests_deployment_service_and_crd() -> None:
     from quotaledger.events.model import QuotaUpserted
 
     assert fields == set(QuotaUpserted.__struct_fields__) - {"name", "at"}
-    kustomized = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"]
-    assert sorted(kustomized) == sorted(
-        p.name for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml"
-    )
+
+
+@pytest.mark.parametrize("variant", ["single", "ha"])
+async def test_shadow_mode_deployments_use_exactly_the_read_only_rbac(
+    tmp_path: Path, variant: str, request: pytest.FixtureRequest
+) -> None:
+    """The shipped Deployment's own command line (``serve ... --in-cluster --executor=log``),
+    run against the stand-in with only the kubeconfig, the addresses and the data paths
+    substituted, calls exactly what base/rbac.yaml grants: read-only plus the Lease."""
+    from .test_k8s_manifests import container_args, deployment, render, resolve
+
+    docs = render(DEPLOY if variant == "single" else DEPLOY / variant)
+    dep = deployment(docs)
+    async with rig(tmp_path) as r:
+        replace = {"$(POD_NAME)": "shadow", "0.0.0.0:8080": "127.0.0.1:0", "/data/": f"{tmp_path}/"}
+        if variant == "ha":
+            tansu = request.getfixturevalue("tansu")
+            topic = request.getfixturevalue("topic")
+            replace["$(LEDGER_URL)"] = tansu.url(topic)
+        argv: list[str] = []
+        for arg in container_args(dep):
+            if arg == "--in-cluster":
+                argv += ["--kubeconfig", str(r.kubeconfig)]
+                continue
+            for old, new in replace.items():
+                arg = arg.replace(old, new)
+            argv.append(resolve(docs, dep, arg) if "$(" in arg else arg)
+        assert "$(" not in " ".join(argv)
+        r.server.calls.clear()
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "quotaledger.adapters.cli", *argv,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        granted = rules("base/rbac.yaml")
+        try:
+            await used_all(r, granted)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            assert process.stderr is not None
+            err = (await asyncio.wait_for(process.stderr.read(), 60)).decode()
+            code = await process.wait()
+        assert code == 0, err
+        check(r.server.calls, granted)
+        assert not any(c.subresource == "eviction" for c in r.server.calls)

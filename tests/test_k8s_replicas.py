@@ -17,6 +17,7 @@ import pytest
 from quotaledger.events.codec import decode_event, encode_event
 from quotaledger.events.ledger import Append
 from quotaledger.events.model import (
+    ClocksObserved,
     EvictionRequested,
     LeaderElected,
     PreemptionFinished,
@@ -60,9 +61,12 @@ async def seed(r: Rig) -> None:
         await eventually(listed)
     basis = await r.ledger.last_offset()
     decisions: list[object] = [
+        # the revoke's timer: q's overuse clock, long due (the guard admits only
+        # a decision whose timer holds, DECISIONS 211)
+        ClocksObserved(basis=basis, owing_started={"q": 0}),
         PreemptionStarted(
             preemption_id="p", queue="q", cause="overuse", target={"cpu": 600}, basis=basis
-        )
+        ),
     ]
     decisions += [
         EvictionRequested(

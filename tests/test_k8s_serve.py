@@ -189,7 +189,7 @@ async def test_serve_on_a_cluster_uses_exactly_the_shipped_rbac(tmp_path: Path) 
 def test_the_deployment_args_are_a_serve_on_the_cluster() -> None:
     """deploy/kubernetes runs ``serve ... --in-cluster``: the real parser takes it, and it
     is a ``serve`` with the cluster options (before #10 ``serve`` refused --in-cluster)."""
-    deployment = next(yaml.safe_load_all((DEPLOY / "deployment.yaml").read_text()))
+    deployment = next(yaml.safe_load_all((DEPLOY / "single" / "quotaledger.yaml").read_text()))
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     args = build_parser().parse_args(container["args"])
     assert args.handler.__name__ == "cmd_serve"

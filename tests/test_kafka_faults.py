@@ -51,8 +51,15 @@ class CountingExecutor(SimulateExecutor):
         return await super().evict(eviction, state)
 
 
+#: How long a reader waits at a skip before it fills it (DECISIONS 200): the holes a
+#: broker SIGKILL leaves are permanent, and waiting the default 60 s at each is slow.
+PATIENCE_S = 10.0
+
+
 async def read_records(bootstrap: str, topic: str) -> list[Record]:
-    ledger = await KafkaLedger.open(bootstrap, topic, create=False, gaps="fill")
+    ledger = await KafkaLedger.open(
+        bootstrap, topic, create=False, gaps="fill", gap_patience_s=PATIENCE_S
+    )
     try:
         out: list[Record] = []
         async for batch in ledger.read(0):
@@ -75,7 +82,10 @@ async def engines_running(
 ) -> AsyncIterator[list[LiveEngine]]:
     """Live engines (one ledger handle each) on ``topic`` until the block ends."""
     stop = asyncio.Event()
-    handles = [await KafkaLedger.open(bootstrap, topic, poll_ms=50, gaps="fill") for _ in names]
+    handles = [
+        await KafkaLedger.open(bootstrap, topic, poll_ms=50, gaps="fill", gap_patience_s=PATIENCE_S)
+        for _ in names
+    ]
     engines = [
         LiveEngine(
             handle,
@@ -230,7 +240,9 @@ async def one_kill_trial(broker: Tansu, trial: int) -> tuple[int, int]:
     rng = random.Random(trial)
     topic = f"kill-{trial}-{rng.randrange(1 << 30)}"
     counts: Counter[str] = Counter()
-    writer = await KafkaLedger.open(broker.bootstrap, topic, poll_ms=50, gaps="fill")
+    writer = await KafkaLedger.open(
+        broker.bootstrap, topic, poll_ms=50, gaps="fill", gap_patience_s=PATIENCE_S
+    )
     acked: list[str] = []
     try:
         await writer.append([Append(encode(f)) for f in SETUP])

@@ -8,49 +8,20 @@ stores what a client sends, so a transaction marker can be put in a ledger).
 from __future__ import annotations
 
 import asyncio
-import struct
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import TopicPartition  # type: ignore[import-untyped]
-from aiokafka.client import AIOKafkaClient  # type: ignore[import-untyped]
-from aiokafka.protocol.produce import ProduceRequest  # type: ignore[import-untyped]
-from aiokafka.record.default_records import (  # type: ignore[import-untyped]
-    DefaultRecordBatch,
-    DefaultRecordBatchBuilder,
-)
-from aiokafka.record.util import calc_crc32c  # type: ignore[import-untyped]
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quotaledger.adapters.kafka_fetch import Fetched, PartitionFetcher, record_batches
-from quotaledger.adapters.kafka_ledger import KafkaLedger, LedgerGap, sequence
+from quotaledger.adapters.kafka_ledger import GapJudge, KafkaLedger, LedgerGap, sequence
 from quotaledger.events.codec import decode_event
 from quotaledger.events.ledger import Append, LedgerError, LedgerMismatch, Record, Snapshot
 from quotaledger.events.model import FactRejected
+from tests.kafka_batches import batch_bytes, publish_raw
 from tests.tansu import Tansu
-
-_ATTRIBUTES = 21  # byte offset of a v2 batch's attributes (int16); the CRC covers from here
-_CRC = 17  # byte offset of the CRC (uint32)
-_CONTROL = 0x20
-
-
-def batch_bytes(base: int, values: list[bytes], ts: int = 1_000, control: bool = False) -> bytes:
-    """One v2 record batch at ``base``: a data batch, or a control batch (a marker)."""
-    builder = DefaultRecordBatchBuilder(2, 0, int(control), -1, -1, -1, 1 << 22)
-    for i, value in enumerate(values):
-        key = struct.pack(">hh", 0, 1) if control else None
-        builder.append(i, ts + i, key, value, [])
-    buf = builder.build()
-    struct.pack_into(">q", buf, 0, base)  # the base offset a broker assigns
-    if control:
-        attributes = struct.unpack_from(">h", buf, _ATTRIBUTES)[0] | _CONTROL
-        struct.pack_into(">h", buf, _ATTRIBUTES, attributes)
-        struct.pack_into(">I", buf, _CRC, calc_crc32c(bytes(buf[_ATTRIBUTES:])))
-    out = bytes(buf)
-    assert DefaultRecordBatch(out).is_control_batch == control
-    return out
 
 
 def value(offset: int) -> bytes:
@@ -90,15 +61,51 @@ def test_control_batches_are_skipped_and_the_position_moves_past_them() -> None:
     got, after = walk(data_batch(0, 3) + marker, 0)
     assert [offset for offset, _ in got] == [0, 1, 2] and after == 4
     assert walk(marker, 3) == ([], 4)
-    # the ledger sees the marker's offset as a gap (§10), or fills it (gaps=fill)
+    # the marker proves offset 3 holds no record, ever: the ledger sees a gap
+    # there (§10), or fills it (gaps=fill), at once (DECISIONS 200)
+    markers: list[tuple[int, int]] = []
+    batches, _ = record_batches("k", data, 0, markers)
+    assert markers == [(3, 4)]
+    stopping = GapJudge("k", False, {})
+    stopping.saw(Fetched(batches, 6, markers=markers), 0)
+    # gaps=stop: the walk hands out the records before the marker and stops there;
+    # the judge holds the LedgerGap the reader raises after them (DESIGN §10)
+    records, expected, _, hole = sequence("k", batches, 0, 0, 0, stopping)
+    assert [r.offset for r in records] == [0, 1, 2] and (expected, hole) == (3, 4)
+    assert isinstance(stopping.gap, LedgerGap)
+    assert "offset 3 is missing (the next record is at offset 4)" in str(stopping.gap)
     batches, _ = record_batches("k", data, 0)
-    with pytest.raises(LedgerGap, match="offset 3 is missing"):
-        sequence("k", batches, 0, 0)
+    filling = GapJudge("k", True, {})
+    filling.saw(Fetched(batches, 6, markers=markers), 0)
     batches, _ = record_batches("k", data, 0)
-    records, expected, _ = sequence("k", batches, 0, 0, 0, True)
-    assert [r.offset for r in records] == [0, 1, 2, 3, 4, 5] and expected == 6
+    records, expected, _, hole = sequence("k", batches, 0, 0, 0, filling)
+    assert [r.offset for r in records] == [0, 1, 2, 3, 4, 5] and (expected, hole) == (6, -1)
     filler = decode_event(records[3].payload)
     assert isinstance(filler, FactRejected) and filler.offset == 3
+    # without the marker, the same skip proves nothing: the walk stops before it
+    batches, _ = record_batches("k", data_batch(0, 3) + data_batch(4, 2), 0)
+    records, expected, _, hole = sequence("k", batches, 0, 0, 0, GapJudge("k", True, {}))
+    assert [r.offset for r in records] == [0, 1, 2] and (expected, hole) == (3, 4)
+
+
+def test_a_later_batch_fetched_first_is_not_a_hole() -> None:
+    """tansu may answer a fetch from offset 50 with the batch at 54 while 50..53 are
+    not readable yet: the walk hands out 0..49 and stops at 50 (even with gaps=fill,
+    nothing proves 50..53 gone); the next fetch, from 50, brings them, and the
+    records are exactly those of a reader that never saw the skip (DECISIONS 200)."""
+    early, late, after = data_batch(0, 50), data_batch(50, 4), data_batch(54, 4)
+    judge = GapJudge("k", True, {})
+    markers: list[tuple[int, int]] = []
+    batches, position = record_batches("k", early + after, 0, markers)
+    judge.saw(Fetched(batches, position, markers=markers), 0)
+    first, expected, ts, hole = sequence("k", batches, 0, 0, 0, judge)
+    assert [r.offset for r in first] == list(range(50)) and (expected, hole) == (50, 54)
+    batches, position = record_batches("k", late + after, expected)
+    judge.saw(Fetched(batches, position), expected)
+    rest, expected, _, hole = sequence("k", batches, expected, ts, 0, judge)
+    assert [r.offset for r in rest] == list(range(50, 58)) and (expected, hole) == (58, -1)
+    batches, _ = record_batches("k", early + late + after, 0)
+    assert first + rest == sequence("k", batches, 0, 0)[0]
 
 
 def test_a_cut_batch_is_left_for_the_next_fetch() -> None:
@@ -109,11 +116,24 @@ def test_a_cut_batch_is_left_for_the_next_fetch() -> None:
     assert walk(whole[:10], 0) == ([], 0)
 
 
-def test_a_damaged_batch_is_refused() -> None:
-    data = bytearray(data_batch(0, 3) + data_batch(3, 3))
+def damaged(base: int, count: int) -> bytes:
+    data = bytearray(data_batch(base, count))
     data[-5] ^= 0x01  # one bit of the last record's value
-    with pytest.raises(LedgerError, match="before offset 6 fails its CRC check"):
-        record_batches("k", bytes(data), 0)
+    return bytes(data)
+
+
+def test_a_damaged_batch_is_refused() -> None:
+    """A batch failing its CRC is never read; the batches before it in the same
+    response are, and the next fetch starts at it and meets it first: a reader
+    hands out every record before the damage, then stops naming it."""
+    data = data_batch(0, 3) + damaged(3, 3)
+    assert walk(data, 0) == ([(o, value(o)) for o in range(3)], 3)
+    with pytest.raises(LedgerError, match="the record batch at offset 3 fails its CRC check"):
+        record_batches("k", damaged(3, 3), 3)
+    # a marker before it is no record to hand out first
+    marker = batch_bytes(3, [b"\x00\x00\x00\x00\x00\x00"], control=True)
+    with pytest.raises(LedgerError, match="the record batch at offset 4 fails its CRC check"):
+        record_batches("k", marker + damaged(4, 2), 3)
 
 
 @settings(max_examples=200, deadline=None)
@@ -162,21 +182,6 @@ def test_record_batches_keep_exactly_the_complete_records_from_the_position(
 # ------------------------------------------------------------------ on tansu
 
 
-async def publish_raw(bootstrap: str, topic: str, data: bytes) -> None:
-    """Send ``data`` (record batches) as one produce request, as any client may."""
-    client = AIOKafkaClient(bootstrap_servers=bootstrap)
-    await client.bootstrap()
-    try:
-        await client.add_topic(topic)
-        leader = client.cluster.leader_for_partition(TopicPartition(topic, 0))
-        response = await client.send(
-            leader, ProduceRequest(None, -1, 10_000, [(topic, [(0, data)])])
-        )
-        assert response.topics[0][1][0][1] == 0, response
-    finally:
-        await client.close()
-
-
 async def read_all(ledger: KafkaLedger, start: int = 0) -> list[Record]:
     out: list[Record] = []
     async for batch in ledger.read(start):
@@ -212,6 +217,35 @@ async def test_a_transaction_marker_in_the_partition_is_a_gap(tansu: Tansu, topi
             await filling.close()
     finally:
         await ledger.close()
+
+
+async def test_a_damaged_batch_after_record_0_stops_reads_not_the_opening(
+    tansu: Tansu, topic: str
+) -> None:
+    """A batch failing its CRC at offset 3, in the first fetch of record 0 (tansu
+    stores what a client sends): the ledger opens, since opening looks at record
+    0 only, and a read hands out records 0..2, then stops with an error naming
+    offset 3, from offset 0 as from offset 1 (DESIGN §9: audit and replay can
+    show the ledger up to the damage)."""
+    writer = await KafkaLedger.open(tansu.bootstrap, topic, opened_at_ms=0)
+    try:
+        assert await writer.append([Append(value(1)), Append(value(2))]) == [1, 2]
+        await publish_raw(tansu.bootstrap, topic, damaged(0, 2))  # offsets 3, 4
+        assert await writer.append([Append(value(5))]) == [5]
+    finally:
+        await writer.close()
+    reader = await KafkaLedger.open(tansu.bootstrap, topic, create=False)
+    try:
+        assert reader.ledger_id == writer.ledger_id
+        for start in (0, 1):
+            seen: list[Record] = []
+            with pytest.raises(LedgerError, match="record batch at offset 3 fails its CRC"):
+                async with asyncio.timeout(60):
+                    async for batch in reader.read(start):
+                        seen.extend(batch)
+            assert [r.offset for r in seen] == list(range(start, 3))
+    finally:
+        await reader.close()
 
 
 async def test_reads_resume_inside_a_batch_with_the_same_ts(

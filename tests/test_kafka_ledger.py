@@ -1,4 +1,8 @@
-"""The Kafka ledger's own rules (DESIGN §10) on a real tansu broker, and the CLI on Kafka URLs."""
+"""The Kafka ledger's own rules (DESIGN §10) on a real tansu broker, and the CLI on Kafka URLs.
+
+What every backend keeps (DESIGN §3) is the ledger contract's: tests/ledger_contract.py,
+run for Kafka by tests/test_ledger_contract.py.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from typing import Any, NamedTuple
 import pytest
 from aiokafka import AIOKafkaProducer  # type: ignore[import-untyped]
 
-from quotaledger.adapters.kafka_ledger import KafkaLedger, LedgerGap, value_ts
+from quotaledger.adapters.kafka_ledger import GapJudge, KafkaLedger, LedgerGap, value_ts
 from quotaledger.adapters.kafka_ledger import sequence as sequence_messages
 from quotaledger.adapters.ledger_url import LedgerUrlError, open_ledger, parse_ledger_url
 from quotaledger.events.ledger import Append, LedgerError, LedgerMismatch, Record
@@ -66,23 +70,40 @@ class Msg(NamedTuple):
 def sequence(
     where: str, messages: list[tuple[int, bytes | None, int]], *args: Any
 ) -> tuple[list[Record], int, int]:
-    return sequence_messages(where, [[Msg(*m) for m in messages]], *args)
+    """The walk of one batch of ``messages``; a skip it stops at is raised as
+    ``LedgerGap`` (the judge's, when it proved the gap), as a reader that has
+    handed out the records before it and given up on it would."""
+    records, nxt, ts, hole = sequence_messages(where, [[Msg(*m) for m in messages]], *args)
+    judge = next((a for a in args if isinstance(a, GapJudge)), None)
+    if judge is not None and judge.gap is not None:
+        raise judge.gap
+    if hole >= 0:
+        raise LedgerGap(f"offset {nxt} is missing (next record at {hole})")
+    return records, nxt, ts
 
 
-def test_sequence_stops_at_a_gap_and_at_a_reset() -> None:
+def test_sequence_stops_at_a_skip_and_at_a_reset() -> None:
     ok, nxt, ts = sequence("k", [(5, b"{}", 10), (6, None, 3)], 5, 7)
     assert [(r.offset, r.ts, r.payload) for r in ok] == [(5, 10, b"{}"), (6, 10, b"")]
     assert (nxt, ts) == (7, 10)
-    with pytest.raises(LedgerGap, match="offset 6 is missing"):
-        sequence("k", [(5, b"{}", 1), (7, b"{}", 1)], 5, 0)
+    # a skip ends the walk where it is, with the records before it: the reader
+    # fetches again from the first missing offset (DECISIONS 200)
+    walked = sequence_messages("k", [[Msg(5, b"{}", 1), Msg(7, b"{}", 1)]], 5, 0)
+    assert [r.offset for r in walked[0]] == [5] and walked[1:] == (6, 1, 7)
     with pytest.raises(LedgerMismatch, match="expected offset 5 but the broker returned offset 0"):
         sequence("k", [(0, b"{}", 1)], 5, 0)
 
 
-def test_gaps_fill_reads_a_hole_as_a_rejected_record() -> None:
+def test_gaps_fill_reads_a_judged_hole_as_a_rejected_record() -> None:
     """tansu on s3 storage leaves an offset without a record when it is killed with
-    a write in flight; with gaps=fill every reader sees the same filler there."""
-    records, nxt, _ = sequence("k", [(5, b"{}", 10), (8, b"{}", 20)], 5, 0, 0, True)
+    a write in flight; with gaps=fill every reader that has waited it out sees the
+    same filler there (DECISIONS 78, 200)."""
+    judge = GapJudge("k", True, {})
+    # not judged yet: the walk stops at the skip, nothing is filled
+    with pytest.raises(LedgerGap, match="offset 6 is missing"):
+        sequence("k", [(5, b"{}", 10), (8, b"{}", 20)], 5, 0, 0, judge)
+    judge.judged[6] = 8
+    records, nxt, _ = sequence("k", [(5, b"{}", 10), (8, b"{}", 20)], 5, 0, 0, judge)
     assert [(r.offset, r.ts) for r in records] == [(5, 10), (6, 10), (7, 10), (8, 20)]
     assert nxt == 9
     projection = Projection()
@@ -92,12 +113,50 @@ def test_gaps_fill_reads_a_hole_as_a_rejected_record() -> None:
     reasons = [r.reason for r in projection.state.rejected]
     assert [r.offset for r in projection.state.rejected] == [6, 7]
     assert all("holds no record" in reason for reason in reasons)
-    # a ledger whose start is gone is never filled: it is not this ledger any more
+    # a judgment covers the offsets judged, no more
+    with pytest.raises(LedgerGap, match="offset 6 is missing"):
+        sequence("k", [(5, b"{}", 10), (9, b"{}", 20)], 5, 0, 0, judge)
+    # a ledger whose start is missing is never filled: it is not this ledger any more
+    judge.judged[0] = 3
     with pytest.raises(LedgerGap):
-        sequence("k", [(3, b"{}", 1)], 0, 0, 0, True)
+        sequence("k", [(3, b"{}", 1)], 0, 0, 0, judge)
+    # gaps=stop fills nothing, even judged
+    with pytest.raises(LedgerGap, match="offset 6 is missing"):
+        sequence("k", [(5, b"{}", 10), (8, b"{}", 20)], 5, 0, 0, GapJudge("k", False, {6: 8}))
     assert parse_ledger_url("kafka://a:1/t?gaps=fill").gaps == "fill"
     with pytest.raises(LedgerUrlError, match="gaps='maybe'"):
         parse_ledger_url("kafka://a:1/t?gaps=maybe")
+    assert parse_ledger_url("kafka://a:1/t?gap_patience_s=2.5").gap_patience_s == 2.5
+    assert parse_ledger_url("kafka://a:1/t").gap_patience_s is None
+    for bad in ("-1", "soon", "nan", "1e9"):
+        with pytest.raises(LedgerUrlError, match="gap_patience_s="):
+            parse_ledger_url(f"kafka://a:1/t?gap_patience_s={bad}")
+
+
+def test_a_proven_gap_needs_no_wait() -> None:
+    """Offsets the broker proves gone: below the log start (deleted: a gap for
+    every reader, filled by none), or covered by transaction markers (the same
+    for every reader: filled with gaps=fill at once, a gap otherwise)."""
+    for fill in (False, True):
+        judge = GapJudge("k", fill, {})
+        judge.log_start = 9
+        # a proven gap stops the walk; the judge keeps the error for the reader to
+        # raise once it has handed out the records before it (DESIGN §10)
+        assert not judge(4, 10)
+        assert isinstance(judge.gap, LedgerGap)
+        assert "offsets 4..9 hold no record and the log now starts at offset 9" in str(judge.gap)
+        judge = GapJudge("k", fill, {})
+        judge.markers = [(3, 4), (4, 6)]
+        assert judge.covered(3, 6) and judge.covered(4, 5)
+        assert not judge.covered(2, 6) and not judge.covered(3, 7)
+        if fill:
+            assert judge(3, 6) and not judge(3, 7)
+            assert judge.gap is None
+        else:
+            assert not judge(3, 7) and judge.gap is None  # not covered: not proven
+            assert not judge(3, 6)
+            assert isinstance(judge.gap, LedgerGap)
+            assert "offsets 3..5 are transaction markers" in str(judge.gap)
 
 
 def test_ts_prefers_at_then_the_record_timestamp() -> None:
@@ -262,10 +321,6 @@ async def test_open_ledger_kafka_keeps_snapshots_per_ledger(
         await b.close()
 
 
-def test_records_are_plain() -> None:
-    assert Record(1, 2, b"x") == Record(1, 2, b"x")
-
-
 def test_engine_stops_when_a_memory_broker_restarts(topic: str) -> None:
     """Fault (a) at the engine: `run` exits 2 with a clear error, no traceback."""
     broker = Tansu().start()
@@ -294,3 +349,100 @@ def test_engine_stops_when_a_memory_broker_restarts(topic: str) -> None:
         assert "Traceback" not in err
     finally:
         broker.close()
+
+
+# ------------------------------------------------------------------ read-only
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
+
+
+async def _topics(tansu: Tansu) -> list[str]:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=tansu.bootstrap)
+    await admin.start()
+    try:
+        return list(await admin.list_topics())
+    finally:
+        await admin.close()
+
+
+async def test_read_only_writes_nothing_anywhere(tansu: Tansu, topic: str, tmp_path: Path) -> None:
+    """``open_ledger(kafka_url, read_only=True)`` (the read-only commands, DESIGN §9)
+    creates no topic, refuses appends and snapshot saves with a clear error, reads
+    an existing ``--snapshots`` file without changing a byte of it, and creates none
+    when it is missing."""
+    from quotaledger.events.ledger import Snapshot
+
+    url = tansu.url(topic)
+    for create in (False, True):
+        with pytest.raises(LedgerError, match="no such topic"):
+            await open_ledger(url, create=create, read_only=True)
+    assert topic not in await _topics(tansu)
+
+    snaps = tmp_path / "snaps" / "snapshots.db"
+    snaps.parent.mkdir()
+    writer = await open_ledger(url, create=True, snapshots=str(snaps), opened_at_ms=0)
+    try:
+        await writer.append([Append(b'{"kind":"NodeRemoved","name":"a"}', ts=5)] * 3)
+        await writer.save_snapshot(Snapshot(offset=2, blob=b"two"))
+    finally:
+        await writer.close()
+    before = _files(snaps.parent)
+    reader = await open_ledger(url, create=True, read_only=True, snapshots=str(snaps))
+    try:
+        assert reader.ledger_id == writer.ledger_id
+        assert await reader.load_snapshot() == Snapshot(offset=2, blob=b"two")
+        with pytest.raises(LedgerError, match=r"is open read-only: cannot append to it"):
+            await reader.append([Append(b'{"kind":"NodeRemoved","name":"b"}')])
+        with pytest.raises(LedgerError, match=r"is open read-only: cannot save a snapshot"):
+            await reader.save_snapshot(Snapshot(offset=3, blob=b"three"))
+        assert [r.offset for r in await _read(reader)] == [0, 1, 2, 3]
+    finally:
+        await reader.close()
+    after = _files(snaps.parent)
+    assert after["snapshots.db"] == before["snapshots.db"]
+    # SQLite's read-only mode may add the WAL index (-shm) and an empty -wal beside
+    # it, as for a SQLite ledger read read-only; never data
+    assert set(after) - set(before) <= {"snapshots.db-shm", "snapshots.db-wal"}
+    assert after.get("snapshots.db-wal", b"") == before.get("snapshots.db-wal", b"")
+    again = await open_ledger(url, create=False, snapshots=str(snaps))
+    try:
+        assert await again.last_offset() == 3
+        assert await again.load_snapshot() == Snapshot(offset=2, blob=b"two")
+    finally:
+        await again.close()
+
+    missing = tmp_path / "none" / "snapshots.db"
+    missing.parent.mkdir()
+    reader = await open_ledger(url, create=False, read_only=True, snapshots=str(missing))
+    try:
+        assert await reader.load_snapshot() is None
+        with pytest.raises(LedgerError, match="read-only"):
+            await reader.save_snapshot(Snapshot(offset=3, blob=b"three"))
+    finally:
+        await reader.close()
+    assert list(missing.parent.iterdir()) == []
+    # a file no snapshot was saved to yet holds none; a file that is not SQLite is named
+    empty = tmp_path / "none" / "empty.db"
+    empty.touch()
+    reader = await open_ledger(url, create=False, read_only=True, snapshots=str(empty))
+    try:
+        assert await reader.load_snapshot() is None
+    finally:
+        await reader.close()
+    assert empty.read_bytes() == b""
+    junk = tmp_path / "none" / "junk.db"
+    junk.write_bytes(b"not a database, " * 100)
+    with pytest.raises(LedgerError, match=f"--snapshots {junk}: not a snapshot file"):
+        await open_ledger(url, create=False, read_only=True, snapshots=str(junk))
+    assert junk.read_bytes() == b"not a database, " * 100
+
+
+async def _read(ledger: Any) -> list[Record]:
+    out: list[Record] = []
+    async for batch in ledger.read(0):
+        out.extend(batch)
+    return out

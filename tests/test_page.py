@@ -8,6 +8,7 @@ lets Chromium's virtual time run out and dump the DOM.
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import re
 import shutil
@@ -17,6 +18,7 @@ import pytest
 
 from .serve_support import EXAMPLES, caught_up, running
 
+PAGE = Path(__file__).resolve().parent.parent / "adapters" / "page"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = [
     "--headless",
@@ -113,3 +115,56 @@ async def test_headless_chromium_draws_the_tree_and_the_feed(tmp_path: Path) -> 
     assert 'data-resource="nvidia.com/gpu"' in dom
     kinds = re.findall(r'data-kind="([A-Za-z]+)"', dom)
     assert "PreemptionStarted" in kinds and "PreemptionFinished" in kinds
+    # units and relations (DECISIONS 268): batch sets a max for cpu only, so its pods'
+    # memory is used but not limited there: said in words, no "runtime 0" beside it
+    bars = _bars(dom)
+    relation, numbers = bars[("batch", "memory")]
+    assert relation == "unlimited" and numbers == "used 24Gi · not limited here"
+    assert bars[("batch", "cpu")] == ("managed", "min 8 · runtime 12 · used 12 · max 32")
+    assert bars[("system", "memory")][0] == bars[("default", "cpu")][0] == "outside"
+    for (quota, resource), (relation, numbers) in bars.items():
+        assert (" · runtime " in numbers) == (relation == "managed"), (quota, resource, numbers)
+
+
+def _bars(dom: str) -> dict[tuple[str, str], tuple[str, str]]:
+    """(quota, resource) -> (relation, the numbers' text) of every drawn bar."""
+    out: dict[tuple[str, str], tuple[str, str]] = {}
+    for block in re.split(r'(?=<div class="quota" data-quota=")', dom)[1:]:
+        quota = re.match(r'<div class="quota" data-quota="([^"]+)"', block)
+        assert quota is not None
+        own = block.split('<div class="children">')[0]
+        for match in re.finditer(
+            r'data-resource="([^"]+)" data-relation="([a-z]+)">.*?<span class="numbers"'
+            r' title="[^"]*">([^<]*)</span>',
+            own,
+        ):
+            out[(quota.group(1), match.group(1))] = (match.group(2), html.unescape(match.group(3)))
+    return out
+
+
+def _rgb(text: str) -> tuple[float, float, float]:
+    value = text.lstrip("#")
+    return (int(value[0:2], 16) / 255, int(value[2:4], 16) / 255, int(value[4:6], 16) / 255)
+
+
+def test_runtime_and_used_are_told_apart_by_hue_and_lightness() -> None:
+    """The page draws runtime as a wide band and used as a thin bar over it: they must not
+    be two shades of one colour (WCAG relative luminance and hue)."""
+    import colorsys
+
+    css = (PAGE / "style.css").read_text()
+    colours = dict(re.findall(r"--(runtime|used|min|max):\s*(#[0-9a-fA-F]{6})", css))
+    runtime, used = _rgb(colours["runtime"]), _rgb(colours["used"])
+
+    def luminance(rgb: tuple[float, float, float]) -> float:
+        linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+        return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+    light, dark = sorted((luminance(runtime), luminance(used)), reverse=True)
+    assert (light + 0.05) / (dark + 0.05) >= 4.5  # WCAG AA contrast between the two
+    hue_runtime = colorsys.rgb_to_hls(*runtime)[0] * 360
+    hue_used = colorsys.rgb_to_hls(*used)[0] * 360
+    gap = abs(hue_runtime - hue_used) % 360
+    assert min(gap, 360 - gap) >= 60, (hue_runtime, hue_used)
+    legend = (PAGE / "index.html").read_text()
+    assert "cpu in cores" in legend and "memory in bytes" in legend

@@ -275,9 +275,9 @@ async def test_readyz_and_read_only(tmp_path: Path) -> None:
             assert response.status == 200
         async with run.session.get(f"{run.base}/readyz") as response:
             ready = await response.json()
-        assert ready["ready"] and ready["offset"] == ready["tail"] == 18
+        assert ready["ready"] and ready["offset"] == ready["tail"] == 17
         # the read-only server writes nothing (no LeaderElected) and refuses writes
-        assert await run.ledger.last_offset() == 18
+        assert await run.ledger.last_offset() == 17
         async with run.session.post(
             f"{run.base}/v1/events", data=ndjson(NODE), headers=run.auth
         ) as response:
@@ -299,7 +299,7 @@ async def test_readyz_is_503_while_behind(tmp_path: Path) -> None:
             async with run.session.get(f"{run.base}/readyz") as response:
                 assert response.status == 503
                 assert (await response.json())["ready"] is False
-        await caught_up(run, 19)
+        await caught_up(run, 18)
         async with run.session.get(f"{run.base}/readyz") as response:
             assert response.status == 200
 

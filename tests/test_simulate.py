@@ -274,17 +274,22 @@ def test_a_second_deadline_waits_for_the_running_preemption() -> None:
                 preemption_delay_s=60,
             ),
             pod(1, "a", "q", {"cpu": 6}),
-            lower(2, 5),
+            lower(2, 5, delay=1),
         ],
         until=T0 + 2000,
     )
     now = T0 + 10_000
+    # a preemption answering the deadline at 3 s (the guard admits only a
+    # decision whose timer is due, DECISIONS 211) holds q; q's max is then
+    # lowered again: a new deadline at 70 s, which must wait for it
     sim.append_event(
         now,
         PreemptionStarted(
-            preemption_id="manual", queue="q", cause="overuse", target={"cpu": 1}, basis=0
+            preemption_id="manual", queue="q", cause="quota-decrease", target={"cpu": 1}, basis=0
         ),
     )
+    sim.append(*lower(10, 5))
+    assert sim.projection.state.decrease_deadlines == {"q": T0 + 70_000}
     sim.run_timers(before=T0 + 300_000)
     assert decisions(sim, "PreemptionStarted")[-1]["preemption_id"] == "manual"
     assert len(decisions(sim, "PreemptionStarted")) == 1  # the deadline at 62 s waited

@@ -1,14 +1,14 @@
-"""The state JSON's body and the state hash read in bulk (``projections.view``:
-every quota's numbers read column by column, available from those dicts,
-the fair-share shortcut; the hash's dicts sorted by its encoder only) against
-the quota-by-quota reading they replaced (:mod:`tests.view_reference`), on
-generated histories, engine-made histories at every offset and amounts up to
-the 2^62 bound (DESIGN §5 "State hash", §7, §9). Equal bodies encode to equal
-bytes, key order included, so the state JSON and every hash are unchanged."""
+"""The state JSON's body read in bulk (``projections.view``: every quota's
+numbers read column by column, available from those dicts, the fair-share
+shortcut) against the quota-by-quota reading they replaced
+(:mod:`tests.view_reference`), on generated histories, engine-made histories
+at every offset and amounts up to the 2^62 bound (DESIGN §5, §7, §9). Equal
+bodies encode to equal bytes, key order included, so the state JSON is
+unchanged. The state hash kept along the way equals the one computed from
+nothing at every step (the hash itself: ``tests/test_state_digest.py``)."""
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import msgspec
@@ -24,30 +24,15 @@ from quotaledger.events.model import (
 )
 from quotaledger.projections import Projection
 from quotaledger.projections.fair_share import fair_shares
-from quotaledger.projections.persisted import FIELDS
 from quotaledger.projections.state import NamespaceUsage, ProjectedState
+from quotaledger.projections.state_digest import full_state_hash
 from quotaledger.projections.view import _body, quota_view, state_hash
 
 from .scenarios import engine_facts, engine_run, fold, histories
 from .test_arrays_differential import big_histories
 from .view_reference import reference_body
 
-_SORTED = msgspec.json.Encoder(order="sorted")
 _AS_IS = msgspec.json.Encoder()
-
-
-def reference_hash(state: ProjectedState) -> str:
-    """DESIGN §5: SHA-256 of the body and of every hashed field's stored
-    form (collections sorted before encoding)."""
-    digest = hashlib.sha256()
-    digest.update(_SORTED.encode(reference_body(state)))
-    hashed: dict[str, Any] = {}
-    for item in FIELDS:
-        if item.hashed:
-            value = getattr(state, item.name)
-            hashed[item.name] = sorted(value) if item.hash_keys_only else item.stored(value)
-    digest.update(_SORTED.encode(hashed))
-    return digest.hexdigest()
 
 
 def assert_reads_like_reference(state: ProjectedState) -> None:
@@ -55,7 +40,7 @@ def assert_reads_like_reference(state: ProjectedState) -> None:
     body = _body(state)
     assert body == expected
     assert _AS_IS.encode(body) == _AS_IS.encode(expected)  # same key order too
-    assert state_hash(state) == reference_hash(state)
+    assert state_hash(state) == full_state_hash(state)
     for name, view in expected["quotas"].items():  # one quota at a time (HTTP, §11)
         single = quota_view(state, name, {})
         assert single == view

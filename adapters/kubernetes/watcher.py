@@ -38,7 +38,7 @@ from quotaledger.events.model import (
     PodRemoved,
     QuotaRemoved,
 )
-from quotaledger.projections.state import BUILTIN, ProjectedState, builtin_config
+from quotaledger.projections.state import BUILTIN, NodeMeta, ProjectedState, builtin_config
 
 from . import settings as settings_map
 from .reflector import Pages, Reflector
@@ -125,12 +125,21 @@ class Baseline:
 
     @classmethod
     def of(cls, state: ProjectedState) -> Baseline:
-        """From the projected state. Nodes keep only allocatable there, so a node with
-        labels or ``unschedulable`` is upserted once more after a restart (DECISIONS 101)."""
+        """From the projected state: every object's last fact as the ledger holds it, so
+        a new leader (a restart, a takeover) appends only what changed (DESIGN §12). A
+        node's fact is its allocatable with its labels and ``unschedulable``
+        (``state.node_meta``, DECISIONS 260)."""
+        meta = state.node_meta
+        none = NodeMeta()
         return cls(
             pods=dict(state.pods),
             nodes={
-                name: NodeUpserted(name=name, allocatable=dict(allocatable))
+                name: NodeUpserted(
+                    name=name,
+                    allocatable=dict(allocatable),
+                    labels=dict(meta.get(name, none).labels),
+                    unschedulable=meta.get(name, none).unschedulable,
+                )
                 for name, allocatable in state.nodes.items()
             },
             weights=dict(state.namespace_weights),

@@ -44,21 +44,49 @@ function resourcesOf(quota) {
   return [...keys].sort();
 }
 
+// system and default are outside the runtime tree (DESIGN §5): no runtime of their own.
+const OUTSIDE_RUNTIME = new Set(["system", "default"]);
+
+// How a quota relates to one resource: "managed" (it has a runtime there), "outside"
+// (system, default), or "unlimited": the quota sets neither min nor max for it and, with
+// a max set, its request is masked to max's keys (DESIGN §5), so its pods' use of the
+// resource counts in `used` but no runtime is computed: not overuse (DECISIONS 268).
+function relation(quota, resource, min, runtime, request, max) {
+  if (OUTSIDE_RUNTIME.has(quota.name)) return "outside";
+  if (min === 0 && max === null && runtime === 0 && request === 0) return "unlimited";
+  return "managed";
+}
+
 function bar(quota, resource) {
   const get = (field) => (quota[field] || {})[resource] || 0;
   const min = get("min"), runtime = get("runtime"), used = get("used"), request = get("request");
   const max = quota.max === null ? null : (resource in quota.max ? quota.max[resource] : null);
+  const kind = relation(quota, resource, min, runtime, request, max);
   const scale = Math.max(min, runtime, used, request, max || 0, 1);
   const pct = (value) => `${Math.min(100, (100 * value) / scale).toFixed(2)}%`;
-  const track = el("div", { class: "track" },
+  // Without a runtime there is nothing to draw used against: the words say it.
+  const track = kind !== "managed" ? el("div", { class: "track" }) : el("div", { class: "track" },
     el("div", { class: "runtime", style: `width:${pct(runtime)}` }),
     el("div", { class: "used", style: `width:${pct(used)}` }),
     min > 0 ? el("div", { class: "min", style: `left:${pct(min)}` }) : null,
     max !== null ? el("div", { class: "max", style: `left:calc(${pct(max)} - 3px)` }) : null);
-  const numbers = `min ${human(resource, min)} · runtime ${human(resource, runtime)}` +
-    ` · used ${human(resource, used)} · max ${human(resource, max)}`;
-  return el("div", { class: "bar", resource }, el("span", { class: "resource" }, resource), track,
-    el("span", { class: "numbers", title: numbers }, numbers));
+  let numbers, title;
+  if (kind === "managed") {
+    numbers = `min ${human(resource, min)} · runtime ${human(resource, runtime)}` +
+      ` · used ${human(resource, used)} · max ${human(resource, max)}`;
+    title = numbers;
+  } else if (kind === "outside") {
+    numbers = `used ${human(resource, used)} · outside the runtime tree`;
+    title = `${quota.name} is outside the runtime tree (DESIGN §5): its used is taken off the` +
+      " cluster total; it has no runtime";
+  } else {
+    numbers = `used ${human(resource, used)} · not limited here`;
+    title = `${quota.name} sets no min and no max for ${resource}: its pods' ${resource} counts` +
+      " in used, but no runtime is computed for it (not overuse)";
+  }
+  return el("div", { class: `bar ${kind}`, resource, relation: kind },
+    el("span", { class: "resource" }, resource), track,
+    el("span", { class: "numbers", title }, numbers));
 }
 
 function quotaNode(quota) {
