@@ -42,6 +42,7 @@ def plant(bug: str) -> None:
 
         async def open_filling(cls: Any, *args: Any, **kwargs: Any) -> Any:
             kwargs["gaps"] = "fill"
+            kwargs["gap_patience_s"] = 0.0  # no wait for the offsets to become readable
             return await open_ledger(cls, *args, **kwargs)
 
         kafka_ledger.KafkaLedger.open = classmethod(open_filling)  # type: ignore[assignment]
