@@ -34,6 +34,7 @@ def plant(bug: str) -> None:
             return await self.inner.append(batch)
 
         executor.KubernetesExecutor.evict = evict_unchecked  # type: ignore[method-assign]
+        executor.fence_evictions = lambda core, may_evict: None  # no last-moment check
         cluster.LeaseGatedLedger.append = append_unchecked  # type: ignore[method-assign]
     elif bug == "fill-at-once":
         from quotaledger.adapters import kafka_ledger

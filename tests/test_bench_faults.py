@@ -452,3 +452,40 @@ def test_a_planted_zombie_is_reported(tmp_path: Path) -> None:
     )
     found = {v.check for r in results for v in r.violations}
     assert found & {"zombie-post", "zombie-decision", "eviction-twice"}, found
+
+
+async def test_an_eviction_post_is_fenced_at_its_last_moment(tmp_path: Path) -> None:
+    """Found by the harness: a leader paused between its Lease check and the write of an
+    eviction POST (the request waiting for a connection) sent it seconds later, as a
+    zombie. The check is made again once the request holds its connection, right before
+    its bytes leave (DECISIONS 221): here the Lease is lost between the two checks, and
+    nothing is sent; with the Lease held, the POST goes out."""
+    from quotaledger.adapters.kubernetes.executor import KubernetesExecutor
+
+    from .k8s_support import fold as fold_ledger
+    from .k8s_support import rig
+    from .test_k8s_executor import seed
+
+    async with rig(tmp_path) as r:
+        await seed(r)
+        state = await fold_ledger(r.ledger)
+        checks_made: list[bool] = []
+
+        def lost_after_the_first_check() -> bool:
+            checks_made.append(not checks_made)
+            return checks_made[-1]
+
+        executor = KubernetesExecutor(
+            r.cluster.core, r.ledger, may_evict=lost_after_the_first_check
+        )
+        try:
+            async with asyncio.timeout(5):  # a POST sent would wait for the pod's removal
+                assert await executor.evict(state.evictions["e1"], state) == []
+        finally:
+            assert r.server.eviction_posts == []
+        assert len(checks_made) == 2  # before the call, and at the connection
+        held = KubernetesExecutor(r.cluster.core, r.ledger, poll_s=0.01)
+        task = asyncio.create_task(held.evict(state.evictions["e1"], state))
+        await asyncio.sleep(0.5)  # 201: it then waits for the watcher's removal
+        task.cancel()
+        assert r.server.eviction_posts == [("default", "victim", 201)]
