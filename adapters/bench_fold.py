@@ -4,7 +4,7 @@ It folds the deterministic workload of :mod:`.workload` (a 5-level quota
 tree, nodes, pods, then a day of churn, in the wire form).
 
 Figures (``time.perf_counter``; the garbage collector as in production: run through the
-CLI, which sets ``adapters.cli.GC_THRESHOLDS``):
+CLI, which sets ``adapters.cli.common.GC_THRESHOLDS``):
 
 * ``decode_events_per_s``: ``decode_event`` of the churn payloads (msgspec and the
   canonical amounts), no fold: the ceiling; ``msgspec_decode_events_per_s`` is

@@ -38,7 +38,8 @@ from typing import Any
 
 from quotaledger.events.ledger import Append, Ledger
 
-from .serve_cli import ServeError, base_url, parse_listen, run_server
+from .http.command import base_url, parse_listen, run_server
+from .http.options import ServeError
 
 log = logging.getLogger("quotaledger.demo")
 
@@ -198,13 +199,12 @@ class DemoOptions:
 
 async def open_demo_ledger(options: DemoOptions, directory: Path, clock: DemoClock) -> Ledger:
     """A new SQLite ledger on the demo clock, or the Kafka URL (through
-    :func:`quotaledger.adapters.http_api.open_ledger_url`, the one hook for the
-    Kafka backend)."""
-    from .http_api import open_ledger_url
+    :func:`quotaledger.adapters.ledger_url.open_ledger`, the one opener)."""
+    from .ledger_url import open_ledger
     from .sqlite_ledger import SqliteLedger
 
     if options.kafka is not None:
-        return await open_ledger_url(options.kafka)
+        return await open_ledger(options.kafka, create=True)
     return await SqliteLedger.open(str(directory / "demo.db"), create=True, clock_ms=clock)
 
 
@@ -217,7 +217,8 @@ async def run_demo(
 ) -> dict[str, int]:
     """Run the demo until ``--duration``, SIGTERM/SIGINT or ``stop``; return the
     decisions by kind that the ledger holds at the end."""
-    from .http_api import ServeOptions, Server
+    from .http.options import ServeOptions
+    from .http.server import Server
 
     out = out or sys.stdout
     stop = stop or asyncio.Event()
@@ -276,8 +277,8 @@ async def run_demo(
 
 
 async def _decision_counts(ledger: Ledger) -> dict[str, int]:
-    from quotaledger.engine.audit import DECISION_KINDS
     from quotaledger.events.codec import peek_kind
+    from quotaledger.events.model import DECISION_KINDS
 
     counts: Counter[str] = Counter()
     async for batch in ledger.read(0):
@@ -303,7 +304,7 @@ platform-batch arrive and finish all along. Watch /, /v1/decisions and /metrics.
 
 
 def add_demo_parser(commands: Any) -> None:
-    """``demo`` among the CLI's subcommands (``adapters/cli.py``)."""
+    """``demo`` among the CLI's subcommands (``adapters/cli/``)."""
     parser = commands.add_parser(
         "demo",
         help="a synthetic cluster with engine, HTTP API, metrics and page",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,13 +39,17 @@ SNIFF_BYTES = 8192
 BOM = b"\xef\xbb\xbf"
 #: The name that means standard input.
 STDIN = "-"
+#: File names a command reads as JSONL rather than as a SQLite ledger.
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 
 __all__ = [
+    "JSONL_SUFFIXES",
     "STDIN",
     "JsonlError",
     "JsonlInput",
     "Line",
     "epoch_ms",
+    "is_jsonl_path",
     "ledger_id_for",
     "open_jsonl",
     "read_lines",
@@ -80,6 +85,11 @@ class Line:
         if self.rejected is None or self.rejected.offset == offset:
             return self.payload
         return encode_event(msgspec.structs.replace(self.rejected, offset=offset))
+
+
+def is_jsonl_path(path: Path) -> bool:
+    """True when ``path`` names a JSONL file (by its suffix) or standard input (``-``)."""
+    return str(path) == STDIN or path.suffix.lower() in JSONL_SUFFIXES
 
 
 def ts_of(event: object, previous: int) -> int:
@@ -253,18 +263,34 @@ def read_lines(
 
 
 def records(
-    source: JsonlInput | Path, *, strict: bool = False, skip_invalid: bool | None = None
+    source: JsonlInput | Path,
+    *,
+    strict: bool = False,
+    export: bool = False,
+    skip_invalid: bool | None = None,
 ) -> Iterator[Record]:
     """The source as ledger records: ``LedgerOpened`` then one record per line.
 
-    ts is clamped to be non-decreasing, as a ledger does (DESIGN §3).
+    Line n is offset n after a ``LedgerOpened`` of the file's own ledger id at
+    offset 0, ts 0 (``replay``). With ``export`` (``audit``, ``whatif``), a file
+    whose first line is a ``LedgerOpened`` is a ledger's export: that line is
+    offset 0 and line n offset n - 1, so the decisions' ``basis`` offsets keep
+    their meaning. ts is clamped to be non-decreasing, as a ledger does (DESIGN §3).
     """
     if skip_invalid is not None:
         strict = not skip_invalid
     source = _opened(source)
     opened = LedgerOpened(ledger_id=source.ledger_id())
-    yield Record(offset=0, ts=0, payload=msgspec.json.encode(opened))
-    last = 0
-    for offset, line in enumerate(read_lines(source, strict=strict), start=1):
+    head = Record(offset=0, ts=0, payload=msgspec.json.encode(opened))
+    lines = read_lines(source, strict=strict, export=export)
+    if export:
+        first = next(lines, None)
+        if first is not None and peek_kind(first.payload) == "LedgerOpened":
+            head = Record(offset=0, ts=first.ts, payload=first.payload)
+        elif first is not None:
+            lines = itertools.chain([first], lines)
+    yield head
+    last = head.ts
+    for offset, line in enumerate(lines, start=1):
         last = max(last, line.ts)
         yield Record(offset=offset, ts=last, payload=line.payload)

@@ -24,7 +24,8 @@ import aiohttp
 from quotaledger.adapters.workload import generate
 from quotaledger.events.ledger import Append
 
-from .http_api import ServeOptions, Server
+from .http.options import ServeOptions
+from .http.server import Server
 from .sqlite_ledger import SqliteLedger
 
 
@@ -134,7 +135,7 @@ def scrape_cpu(
     processes on a shared machine) and wall seconds, per scrape."""
     from quotaledger.projections import Projection, settle
 
-    from .metrics import FoldStatistics, LedgerPosition, StateCollector
+    from .http.metrics import FoldStatistics, LedgerPosition, StateCollector
 
     workload = generate(quotas=quotas, pods=pods, nodes=nodes, events=0)
     projection = Projection()
@@ -281,7 +282,7 @@ LOAD_SETUP = [
 def main() -> None:
     """``python -m quotaledger.adapters.serve_bench scrape`` prints the scrape figures."""
     if sys.argv[1:2] == ["scrape"]:
-        from .cli import tune_gc
+        from .cli.common import tune_gc
 
         tune_gc()  # as `quotaledger serve` runs
         report = {"in_process": scrape_cpu(), "http": asyncio.run(measure_scrape())}

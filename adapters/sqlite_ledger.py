@@ -789,7 +789,7 @@ def _to_records(rows: list[Any], path: str) -> list[Record]:
     page can hold anything) is a :class:`LedgerError` naming it.
 
     msgspec converts and type-checks a whole batch in one call (the replay's
-    hot path, issue #11). It is exact here because every connection has
+    hot path; DECISIONS 173). It is exact here because every connection has
     ``text_factory = bytes``, so a column comes back as ``int``, ``float``,
     ``bytes`` or ``None`` only (never the ``str`` msgspec would read as base64):
     msgspec accepts a row exactly when the checks below do. When it refuses

@@ -48,9 +48,9 @@ from typing import Any
 
 from quotaledger.events.codec import EventError, decode_event, peek_kind
 from quotaledger.events.digest import DigestChain, next_digest, parse_digest
-from quotaledger.events.ledger import LedgerError, Record, Snapshot
+from quotaledger.events.ledger import LedgerError, Record, RecordSource, Snapshot
 from quotaledger.events.model import (
-    DECISION_TYPES,
+    DECISION_KINDS,
     ClocksObserved,
     Event,
     EvictionFailed,
@@ -85,8 +85,6 @@ from .audit_words import (
 )
 from .core import EngineCore, Timer, timers
 
-#: Kinds written by the engine only (DESIGN §4).
-DECISION_KINDS = frozenset({"LedgerOpened", *(t.__name__ for t in DECISION_TYPES)})
 #: Decisions that get a paragraph even when the projection accepted them.
 AUDITED = (
     ClocksObserved,
@@ -103,8 +101,6 @@ BUFFER_LIMIT = 50_000
 #: How many states before a PreemptionFinished its overuse outcome may have been
 #: judged on (DECISIONS 212); beyond, only the state just before it counts.
 JUDGED_WINDOW = 1_000
-
-RecordSource = Callable[[int], Iterable[Record]]
 
 
 @dataclass(slots=True)

@@ -81,7 +81,7 @@ def decode_event(payload: bytes | str) -> Event:
     reaches it: times within 1970 .. 9000 and made UTC when they carry no
     offset, delays ≤ ten years, amounts ≤ 2^62 (see ``times`` and ``quantity``).
 
-    An ASCII payload first takes the fast path (issue #11; DECISIONS 120): the
+    An ASCII payload first takes the fast path (DECISIONS 120): the
     pod's ``requests`` is canonicalised once per distinct JSON text. Whenever
     anything is off there (invalid input included) the full path decides, with
     its own error: the result is the full path's either way.

@@ -13,7 +13,7 @@ keeps:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Protocol
 
 import msgspec
@@ -25,6 +25,11 @@ class Record(msgspec.Struct, frozen=True, gc=False, array_like=True):
     offset: int
     ts: int
     payload: bytes
+
+
+#: A ledger's records from an offset on: ``source(n)`` yields records n, n + 1, ...
+#: in order, to the end, as often as it is called (an audit reads some ranges twice).
+RecordSource = Callable[[int], Iterable[Record]]
 
 
 class Append(msgspec.Struct, frozen=True, gc=False, array_like=True):

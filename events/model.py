@@ -280,6 +280,9 @@ DECISION_TYPES: tuple[type[Struct], ...] = (
     PreemptionFinished,
     LedgerDigest,
 )
+#: Kinds written by the engine only (DESIGN §4): the decisions and the ledger's own
+#: first record, ``LedgerOpened``.
+DECISION_KINDS: frozenset[str] = frozenset({"LedgerOpened", *(t.__name__ for t in DECISION_TYPES)})
 
 
 def kind_of(event: Struct) -> str:
@@ -293,6 +296,7 @@ def is_fact(event: Struct) -> bool:
 
 
 __all__ = [
+    "DECISION_KINDS",
     "DECISION_TYPES",
     "FACT_TYPES",
     "RL",

@@ -1,5 +1,5 @@
 """Full recompute of the derived numbers on arrays (DESIGN §5 "Request and used",
-"Runtime", "Available"; issue #11).
+"Runtime", "Available"; DECISIONS 122, 150, 156, 157).
 
 The same rules as :mod:`.request` (bottom-up) and :mod:`.runtime` (top-down
 water-filling), computed for every quota at once: quotas in breadth-first order

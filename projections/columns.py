@@ -1,4 +1,4 @@
-"""The quotas' numbers as columns (issue #11 item 1; DESIGN §5, §9).
+"""The quotas' numbers as columns (DESIGN §5, §9; DECISIONS 150-152).
 
 Every number the projection derives per quota — request, limited request,
 used, the KEP-79 subtree/local/usage, effective min and runtime — and the

@@ -79,7 +79,7 @@ class Projection:
     def apply(self, offset: int, ts: int, event: Event) -> bool:
         """Apply a decoded event at ``offset``/``ts``; False when it was rejected.
 
-        The fold's hot path (issue #11): one dispatch by exact type, the offset
+        The fold's hot path (DECISIONS 170): one dispatch by exact type, the offset
         and time advanced inline, and held clocks released only when some are
         held (``release_holds`` does nothing otherwise)."""
         kind = type(event)

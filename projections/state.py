@@ -123,8 +123,8 @@ class _RowNumbers:
 class QuotaNode:
     """One quota: its configuration, its pods, and its row of numbers.
 
-    The numbers live in the state's columns (:class:`.columns.QuotaColumns`,
-    issue #11), in row ``row``: ``pod_request``/``pod_used`` are Σ requests of
+    The numbers live in the state's columns (:class:`.columns.QuotaColumns`;
+    DECISIONS 150-152), in row ``row``: ``pod_request``/``pod_used`` are Σ requests of
     the quota's active pods (unmasked; used only for pods with a node, §8
     rule 12) once :func:`quotaledger.projections.tree.flush_sums` has run
     (``settle`` does); the derived ones (request, limited_request, used,
@@ -280,7 +280,7 @@ class ProjectedState:
     # each parent's children in name order while ``tree_version`` stays the
     # same (key "": the version and the quotas they were listed from)
     sorted_children: dict[str, Any] = field(default_factory=dict)
-    # every quota's numbers, one row each (issue #11; ``QuotaNode.store``)
+    # every quota's numbers, one row each (DECISIONS 150; ``QuotaNode.store``)
     columns: QuotaColumns = field(default_factory=QuotaColumns)
     # lazy recompute bookkeeping
     dirty: set[str] = field(default_factory=set)

@@ -28,8 +28,8 @@ from .state import (
 
 
 def compact(pod: PodUpserted, old: PodUpserted | None) -> None:
-    """Shrink a pod to what the projection keeps (DESIGN §5; PERFORMANCE.md,
-    memory): ``at`` is dropped (the record's ts is the time), namespace and
+    """Shrink a pod to what the projection keeps (DESIGN §5; DECISIONS 27,
+    for memory): ``at`` is dropped (the record's ts is the time), namespace and
     node names are interned, a name equal to the uid is the uid, and equal
     label maps are one shared map. A pod upserted again reuses the previous
     version's equal values, so replacing it frees only what was just decoded.

@@ -1,5 +1,5 @@
 """The per-quota dictionary recompute the projection used before its numbers
-moved into columns (issue #11 item 2: kept as the reference, in the tests only).
+moved into columns (DECISIONS 153: kept as the reference, in the tests only).
 
 :func:`reference` derives, from a state's facts alone (configurations, the
 tree, active pods and their quotas, nodes, settings), every number the

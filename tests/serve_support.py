@@ -11,7 +11,8 @@ from pathlib import Path
 import aiohttp
 
 from quotaledger.adapters.cli import main as cli_main
-from quotaledger.adapters.http_api import ServeOptions, Server
+from quotaledger.adapters.http.options import ServeOptions
+from quotaledger.adapters.http.server import Server
 from quotaledger.adapters.sqlite_ledger import SqliteLedger
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -87,8 +88,8 @@ async def wait_ready(session: aiohttp.ClientSession, base: str, tries: int = 600
 async def facts_after(run: Running, offset: int) -> list[tuple[int, bytes]]:
     """(offset, payload) of every fact (not an engine decision) after ``offset``: what a
     client appended, whatever the engine may have appended meanwhile."""
-    from quotaledger.engine.audit import DECISION_KINDS
     from quotaledger.events.codec import peek_kind
+    from quotaledger.events.model import DECISION_KINDS
 
     out = []
     async for batch in run.ledger.read(offset + 1):

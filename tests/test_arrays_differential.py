@@ -2,7 +2,7 @@
 (``projections.arrays``, the full recompute) and on rows (``settle``, the
 incremental path and the full recompute's fallback), against the per-quota
 dictionary recompute they replaced, kept here as the reference
-(:mod:`tests.dict_reference`; issue #11 item 2): every derived field and pod
+(:mod:`tests.dict_reference`; DECISIONS 153): every derived field and pod
 sum of every quota, the cluster total and root's sums, the state hash and the
 state JSON, on generated histories, engine-made histories (decisions
 included: the engine decided on the column state, and at every offset the

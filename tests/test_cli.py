@@ -593,13 +593,53 @@ def test_the_entry_point_sizes_the_collector_for_a_long_lived_engine(
 ) -> None:
     import gc
 
-    from quotaledger.adapters import cli
+    from quotaledger.adapters.cli.common import GC_THRESHOLDS
 
     before = gc.get_threshold()
     try:
         gc.set_threshold(700, 10, 10)
-        assert cli.main([]) == 2  # no command: help, exit 2
-        assert gc.get_threshold() == cli.GC_THRESHOLDS
+        assert main([]) == 2  # no command: help, exit 2
+        assert gc.get_threshold() == GC_THRESHOLDS
     finally:
         gc.set_threshold(*before)
     assert "usage" in capsys.readouterr().out
+
+
+def test_a_command_starts_without_importing_what_only_other_commands_need() -> None:
+    """Every command builds the whole parser; the heavy modules of one command
+    (the auditor, the live engine, sqlite3, aiokafka, kubernetes-asyncio, numpy)
+    are imported only when that command runs."""
+    heavy = [
+        "aiokafka",
+        "kubernetes_asyncio",
+        "numpy",
+        "sqlite3",
+        "multiprocessing",
+        "aiohttp",
+        "quotaledger.engine.audit",
+        "quotaledger.engine.live",
+        "quotaledger.engine.simulate",
+        "quotaledger.adapters.cli.audit_jobs",
+    ]
+    code = (
+        "import sys; from quotaledger.adapters.cli import build_parser; build_parser(); "
+        f"print([m for m in {heavy!r} if m in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_as_a_module_a_user_error_inside_an_audit_worker_module_is_no_traceback(
+    tmp_path: Path,
+) -> None:
+    """``python -m quotaledger.adapters.cli`` and the console script share one
+    ``UserError``: ``audit --jobs 2`` of a missing ledger is exit 2 and one line."""
+    missing = tmp_path / "none.db"
+    done = subprocess.run(
+        [sys.executable, "-m", "quotaledger.adapters.cli", "audit", str(missing), "--jobs", "2"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2
+    assert done.stderr == f"quotaledger: error: {missing}: no such file\n"

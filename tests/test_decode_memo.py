@@ -1,5 +1,5 @@
-"""The memoised decode path gives exactly the full path's result (issue #11
-item 3; DECISIONS 120): same event, same type, same error for bad input."""
+"""The memoised decode path gives exactly the full path's result
+(DECISIONS 120): same event, same type, same error for bad input."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Leader election with engines that start together (DESIGN §6; issue #7 point 1, 2).
+"""Leader election with engines that start together (DESIGN §6; DECISIONS 50, 51).
 
 Two engines starting at the same instant both claim ``LeaderElected{epoch: 1}``;
 the projection accepts the first and refuses the second. Only the instance

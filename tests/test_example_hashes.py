@@ -1,5 +1,6 @@
-"""The shipped examples fold to the same state as before the performance round
-(issue #11 "Done when": every acceptance behaviour of DESIGN §5 unchanged).
+"""The shipped examples fold to the same state as before the fold was made faster
+(the numbers in columns and on arrays, DECISIONS 120-173): every acceptance behaviour of
+DESIGN §5 stays as it was.
 
 The state hash covers the persisted fields; the digest of the whole state JSON
 also covers every derived number (request, runtime, available, ...), so a
@@ -19,7 +20,7 @@ from quotaledger.adapters.cli import main
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 #: example -> (state hash, sha256 of the ``replay --json`` output), recorded
-#: before issue #11's changes (re-recorded once when the hash began to cover
+#: before that work (re-recorded once when the hash began to cover
 #: finished preemptions by id, DECISIONS 66: the output of the code before the
 #: array recompute and after it was compared byte for byte then; and once when
 #: the hash became incremental, DECISIONS 230-235: each output was the old one

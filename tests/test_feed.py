@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from quotaledger.adapters.feed import STREAM_BACKLOG, Feed, sse_event
+from quotaledger.adapters.http.stream import STREAM_BACKLOG, Feed, sse_event
 from quotaledger.events.ledger import Record
 
 

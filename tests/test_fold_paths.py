@@ -1,4 +1,4 @@
-"""The fold's fast paths for pod churn equal attaching each pod afresh (issue #11).
+"""The fold's fast paths for pod churn equal attaching each pod afresh (DECISIONS 170, 171).
 
 A pod upserted again takes ``replace_pod``; one that stays pending with other
 requests moves only the pending-index buckets of the amounts that changed

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from quotaledger.adapters.metrics import FoldStatistics, LedgerPosition, StateCollector
+from quotaledger.adapters.http.metrics import FoldStatistics, LedgerPosition, StateCollector
 from quotaledger.projections import ProjectedState
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"

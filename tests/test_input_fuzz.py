@@ -1,4 +1,5 @@
-"""Generated bad lines and bad files against replay, simulate and ingest (DESIGN §4, §9; issue #7).
+"""Generated bad lines and bad files against replay, simulate and ingest
+(DESIGN §4, §9; DECISIONS 31-34).
 
 Each example is a JSONL file of good facts with bad lines mixed in (wrong
 types, negative and out-of-range numbers, out-of-range times, huge amounts,

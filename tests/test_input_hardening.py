@@ -1,4 +1,5 @@
-"""Bad input never stops a stream nor crashes a command (DESIGN §4, §8 rules 3-6, §9; issue #7).
+"""Bad input never stops a stream nor crashes a command
+(DESIGN §4, §8 rules 3-6, §9; DECISIONS 31-34).
 
 - A bad or out-of-bounds line is a FactRejected record and the stream goes on;
   ``--strict`` stops at the first with FILE:LINE and the field (DECISIONS 31).
@@ -86,7 +87,7 @@ def sqlite_payloads(path: Path) -> list[tuple[int, bytes]]:
 
 # --------------------------------------------------------- 1. keep going
 
-#: Lines that stopped every stream with exit 2 before (issue #7), and the
+#: Lines that once stopped every stream with exit 2 (DECISIONS 31), and the
 #: out-of-bounds ones of §9, each with the field its error must name.
 BAD_LINES = [
     ({"kind": "PodExploded"}, "PodExploded", "$.kind"),

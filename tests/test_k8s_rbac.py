@@ -18,6 +18,7 @@ import yaml
 
 from quotaledger.adapters.cli import build_parser
 from quotaledger.adapters.kubernetes.cluster import run_on_cluster
+from quotaledger.adapters.kubernetes.options import ClusterOptions
 from quotaledger.adapters.kubernetes.watcher import WatchOptions
 from quotaledger.events.codec import decode_event
 from quotaledger.events.model import PreemptionFinished
@@ -146,7 +147,8 @@ async def test_run_on_a_cluster_uses_exactly_the_shipped_rbac(tmp_path: Path) ->
             ]
         )  # fmt: skip
         stop = asyncio.Event()
-        task = asyncio.create_task(run_on_cluster(args, r.ledger, stop))
+        options = ClusterOptions.from_args(args, snapshot_every=args.snapshot_every)
+        task = asyncio.create_task(run_on_cluster(options, r.ledger, stop))
 
         await evict_relist_and_check(r, task, stop)
 

@@ -1,4 +1,4 @@
-"""``serve`` on a cluster (DESIGN §11, §12; issue #10): replicas of ``quotaledger serve
+"""``serve`` on a cluster (DESIGN §11, §12; DECISIONS 130): replicas of ``quotaledger serve
 --kubeconfig`` as real processes on one SQLite ledger and the stand-in API server. Only
 the Lease holder runs the engine and the watcher; every replica serves fresh reads."""
 
@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from quotaledger.adapters.cli import build_parser
-from quotaledger.adapters.http_api import ServeOptions, serve
+from quotaledger.adapters.http.command import serve_options
+from quotaledger.adapters.http.server import serve
 from quotaledger.adapters.kubernetes.options import check_arguments, on_cluster
 from quotaledger.events.codec import decode_event, peek_kind
 from quotaledger.events.model import LeaderElected, PodUpserted
@@ -179,7 +180,8 @@ async def test_serve_on_a_cluster_uses_exactly_the_shipped_rbac(tmp_path: Path) 
                 "--watch-timeout", "1",
             ]
         )  # fmt: skip
-        options = ServeOptions(port=0, executor=args.executor, instance=args.instance, cluster=args)
+        options = serve_options(args)  # as `serve` builds them: the cluster options typed
+        assert options.port == 0 and options.cluster is not None
         stop = asyncio.Event()
         task = asyncio.create_task(serve(args.ledger, options, stop=stop, signals=False))
 
@@ -188,7 +190,7 @@ async def test_serve_on_a_cluster_uses_exactly_the_shipped_rbac(tmp_path: Path) 
 
 def test_the_deployment_args_are_a_serve_on_the_cluster() -> None:
     """deploy/kubernetes runs ``serve ... --in-cluster``: the real parser takes it, and it
-    is a ``serve`` with the cluster options (before #10 ``serve`` refused --in-cluster)."""
+    is a ``serve`` with the cluster options (``serve`` once refused --in-cluster; DECISIONS 130)."""
     deployment = next(yaml.safe_load_all((DEPLOY / "single" / "quotaledger.yaml").read_text()))
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     args = build_parser().parse_args(container["args"])

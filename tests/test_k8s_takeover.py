@@ -18,6 +18,7 @@ import pytest
 
 from quotaledger.adapters.cli import build_parser
 from quotaledger.adapters.kubernetes.cluster import run_on_cluster
+from quotaledger.adapters.kubernetes.options import ClusterOptions
 from quotaledger.adapters.sqlite_ledger import SqliteLedger
 from quotaledger.events.codec import decode_event
 from quotaledger.events.model import (
@@ -89,14 +90,15 @@ def populate(r: Rig, source: str) -> None:
         assert load_source_samples(r.server, source, [IMPORT_DATA / f for f in samples])
 
 
-def args(r: Rig, instance: str, source: str) -> object:
-    return build_parser().parse_args(
+def args(r: Rig, instance: str, source: str) -> ClusterOptions:
+    parsed = build_parser().parse_args(
         [
             "run", str(r.ledger_path), "--kubeconfig", str(r.kubeconfig), "--instance", instance,
             "--executor", "log", "--quota-source", source, "--snapshot-every", "5",
             "--watch-timeout", "5", *TIMING,
         ]
     )  # fmt: skip
+    return ClusterOptions.from_args(parsed, snapshot_every=parsed.snapshot_every)
 
 
 @contextlib.asynccontextmanager

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from quotaledger.adapters.metrics import (
+from quotaledger.adapters.http.metrics import (
     FoldStatistics,
     LedgerPosition,
     StateCollector,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from quotaledger.adapters.cli import main
-from quotaledger.adapters.http_api import MAX_EVENTS_BYTES
+from quotaledger.adapters.http.requests import MAX_EVENTS_BYTES
 from quotaledger.adapters.sqlite_ledger import SqliteLedger
 from quotaledger.events.ledger import Append
 

@@ -134,7 +134,10 @@ def test_wheel_holds_only_the_quotaledger_namespace(installed: tuple[Path, Path,
         assert f"quotaledger/{package}/__init__.py" in names, package
     for package in SOURCES:
         assert f"quotaledger/{package}/py.typed" in names, package
-    assert "quotaledger/adapters/cli.py" in names
+    assert "quotaledger/adapters/cli/__init__.py" in names
+    assert "quotaledger/adapters/cli/__main__.py" in names
+    for page in ("index.html", "app.js", "style.css"):  # package data: the page of `serve`
+        assert f"quotaledger/adapters/http/page/{page}" in names, page
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "quotaledger = quotaledger.adapters.cli:main" in text

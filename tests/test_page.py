@@ -18,7 +18,7 @@ import pytest
 
 from .serve_support import EXAMPLES, caught_up, running
 
-PAGE = Path(__file__).resolve().parent.parent / "adapters" / "page"
+PAGE = Path(__file__).resolve().parent.parent / "adapters" / "http" / "page"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = [
     "--headless",
@@ -42,7 +42,7 @@ async def test_page_and_assets_are_served(tmp_path: Path) -> None:
             async with run.session.get(f"{run.base}{asset}") as response:
                 assert response.status == 200, asset
         assert "http" not in html.split("<body>")[1]  # no CDN, nothing external
-        async with run.session.get(f"{run.base}/page/..%2Fhttp_api.py") as response:
+        async with run.session.get(f"{run.base}/page/..%2Fserver.py") as response:
             assert response.status == 404
 
 

@@ -1,4 +1,4 @@
-"""Invariants of the fold, property-tested (DESIGN §5; issue #2)."""
+"""Invariants of the fold, property-tested (DESIGN §5)."""
 
 from __future__ import annotations
 

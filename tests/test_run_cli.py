@@ -1,4 +1,4 @@
-"""`quotaledger run`: the live engine as a process (DESIGN §6; issue #3 point 1)."""
+"""`quotaledger run`: the live engine as a process (DESIGN §6; DECISIONS 19)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quotaledger.adapters.http_api import MAX_EVENTS_BYTES
+from quotaledger.adapters.http.requests import MAX_EVENTS_BYTES
 from quotaledger.engine.fold_loop import Until, fold
 from quotaledger.events.codec import encode_event
 from quotaledger.events.ledger import Append
@@ -244,6 +244,11 @@ async def test_decisions_explain_whatif(tmp_path: Path) -> None:
             f"{run.base}/v1/whatif?horizon=soon", data=ndjson(change)
         ) as response:
             assert response.status == 400
+        bad = ndjson(change) + b'{"kind": "QuotaUpserted"\n'
+        async with run.session.post(f"{run.base}/v1/whatif", data=bad) as response:
+            assert response.status == 400
+            error = (await response.json())["error"]
+        assert error["field"] == "body" and [p["line"] for p in error["lines"]] == [2]
 
 
 async def test_stream_sends_each_folded_record(tmp_path: Path) -> None:
@@ -400,10 +405,10 @@ _LINES = {
 
 @given(st.lists(st.sampled_from(sorted(_LINES)), max_size=30))
 def test_parse_facts_names_every_bad_line(kinds: list[str]) -> None:
-    from quotaledger.adapters.http_api import _parse_facts
+    from quotaledger.adapters.http.requests import parse_facts
 
     body = b"\n".join(_LINES[kind] for kind in kinds)
-    appends, problems, decisions = _parse_facts(body)
+    appends, problems, decisions = parse_facts(body)
     numbered = list(enumerate(kinds, start=1))
     assert [p["line"] for p in problems] == [
         n for n, kind in numbered if kind in ("malformed", "invalid")
@@ -412,6 +417,20 @@ def test_parse_facts_names_every_bad_line(kinds: list[str]) -> None:
     good = [kind for kind in kinds if kind in ("fact", "timed")]
     assert len(appends) == len(good)
     assert [a.ts is not None for a in appends] == [kind == "timed" for kind in good]
+
+
+@given(st.lists(st.sampled_from(sorted(_LINES)), max_size=30))
+def test_parse_changes_reads_the_lines_as_parse_facts_does(kinds: list[str]) -> None:
+    """What-if changes and appended facts come from one line reader: the same bad
+    lines by number; every event line is a change (decisions too), ``at`` or 0."""
+    from quotaledger.adapters.http.requests import parse_changes, parse_facts
+
+    body = b"\n".join(_LINES[kind] for kind in kinds)
+    changes, problems = parse_changes(body)
+    assert problems == parse_facts(body)[1]
+    events = [kind for kind in kinds if kind in ("fact", "timed", "decision")]
+    assert [line for _, line in changes] == [_LINES[kind] for kind in events]
+    assert [at != 0 for at, _ in changes] == [kind == "timed" for kind in events]
 
 
 async def _ids(stream: aiohttp.ClientResponse, count: int) -> list[int]:
@@ -469,3 +488,29 @@ def test_serve_refuses_bad_arguments_without_a_traceback(
     empty.write_text("\n")
     assert main(["serve", ledger, "--token-file", str(empty)]) == 2
     assert "is empty" in capsys.readouterr().err
+
+
+async def test_record_source_reads_any_ledger_as_the_sqlite_reader_does(tmp_path: Path) -> None:
+    """``/v1/explain`` audits through one record source: a SQLite ledger read batch by
+    batch, any other ledger (here the gated wrapper over the same file) read once:
+    the same records from every offset, so the same audit."""
+    from quotaledger.adapters.http.gate import GatedLedger
+    from quotaledger.adapters.record_sources import ledger_record_source as record_source
+    from quotaledger.adapters.sqlite_ledger import SqliteLedger
+    from quotaledger.engine.audit import audit
+    from quotaledger.engine.audit_words import report_json
+
+    path = await simulate("quota-decrease.jsonl", tmp_path / "l.db")
+    ledger = await SqliteLedger.open(str(path), read_only=True)
+    try:
+        tail = await ledger.last_offset()
+        direct = await record_source(ledger)
+        other = await record_source(GatedLedger(ledger, lambda: Projection().state))
+        for start in (0, 1, tail // 2, tail, tail + 1):
+            assert list(direct(start)) == list(other(start)), start
+        assert len(list(direct(0))) == tail + 1
+        report = audit(direct)
+        assert report.records == tail + 1 and report.findings
+        assert report_json(audit(other)) == report_json(report)
+    finally:
+        await ledger.close()

@@ -1,4 +1,4 @@
-"""``serve`` under concurrent clients over loopback (issue #9 step 7).
+"""``serve`` under concurrent clients over loopback (DESIGN §11).
 
 50 clients post facts and read quotas and the state for 20 s (``QUOTALEDGER_LOAD_SECONDS``
 overrides the duration for local runs; CI runs the full 20 s). No request may fail, and

@@ -1,4 +1,4 @@
-"""Shutdown and progress of long work (DESIGN §9; issue #7 point 3, 4).
+"""Shutdown and progress of long work (DESIGN §9; DECISIONS 52, 53).
 
 A ledger of half a million records is built once (SqliteLedger,
 batches of 1000). Each long command runs as a subprocess with stderr not a
@@ -361,7 +361,7 @@ def test_progress_modes() -> None:
     """A bar redrawn in place, logged lines, or nothing; the total when known."""
     import io
 
-    from quotaledger.adapters.cli import Progress
+    from quotaledger.adapters.cli.common import Progress
 
     logged = io.StringIO()
     progress = Progress("replay", 2000, logged, "log", every_s=0.0)

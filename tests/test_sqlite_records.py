@@ -1,4 +1,4 @@
-"""Rows read back as records (adapters/sqlite_ledger.py ``_to_records``; issue #11).
+"""Rows read back as records (adapters/sqlite_ledger.py ``_to_records``; DECISIONS 173).
 
 A batch is converted by msgspec in one call; a row whose columns lost their
 types (a damaged page) must still be a ``LedgerError`` naming that record, and a

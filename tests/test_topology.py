@@ -1,4 +1,4 @@
-"""The docker-compose topology run natively (DESIGN §10, §11; issue #9 item 6).
+"""The docker-compose topology run natively (DESIGN §10, §11; DECISIONS 132).
 
 A tansu Kafka-protocol broker stands in for the compose ``kafka`` service; the
 ``quotaledger`` and ``demo`` services run as real CLI processes with the commands

@@ -19,12 +19,12 @@ reads come from that engine's state, so it lives across terms), a follower that 
 state fresh while the replica does not hold the Lease, and a hook for the start of each term
 (DECISIONS 130).
 
-The command-line options are in :mod:`.options` (no client import, so ``--help`` stays fast).
+The options (:class:`~.options.ClusterOptions`, built from the command line by each command)
+are in :mod:`.options` (no client import, so ``--help`` stays fast).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -44,13 +44,14 @@ from quotaledger.events.ledger import Append, Ledger, LedgerError, Record, Snaps
 from .client import Cluster, connect
 from .executor import KubernetesExecutor
 from .lease import LeaseElector
+from .options import ClusterOptions
 from .watcher import Baseline, ClusterWatcher, LedgerSink, NotLeader, WatchOptions
 
 log = logging.getLogger("quotaledger.kubernetes")
 
 
 def _executor(
-    args: argparse.Namespace, cluster: Cluster, ledger: Ledger, may_evict: Callable[[], bool]
+    args: ClusterOptions, cluster: Cluster, ledger: Ledger, may_evict: Callable[[], bool]
 ) -> Executor:
     if args.executor == "kubernetes":
         return KubernetesExecutor(
@@ -99,7 +100,7 @@ BetweenTerms = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 
 
 async def run_on_cluster(
-    args: argparse.Namespace,
+    args: ClusterOptions,
     ledger: Ledger,
     stop: asyncio.Event,
     *,
@@ -177,7 +178,7 @@ async def _wait_for_lease(
 
 
 async def _lead(
-    args: argparse.Namespace,
+    args: ClusterOptions,
     cluster: Cluster,
     ledger: Ledger,
     elector: LeaseElector,

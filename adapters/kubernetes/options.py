@@ -1,4 +1,7 @@
-"""The Kubernetes options of ``run`` (and ``serve``) (DESIGN §12).
+"""The Kubernetes options of ``run`` (and ``serve``) (DESIGN §12): on the command
+line (:func:`add_arguments`, :func:`check_arguments`) and as the typed
+:class:`ClusterOptions` the adapter (:mod:`.cluster`) takes, built from the
+parsed arguments at the command's edge.
 
 Kept apart from the adapter so that building the command line does not import the
 Kubernetes client.
@@ -7,6 +10,7 @@ Kubernetes client.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 #: Quota sources (DESIGN §12); the collections each watches are in :mod:`.sources`.
 SOURCES = ("quotaledger", "koordinator", "kueue", "volcano", "yunikorn")
@@ -71,6 +75,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="server-side timeout of each watch request (default 300)",
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterOptions:
+    """What a replica on a cluster runs with (DESIGN §12): where the cluster is, the
+    engine's name and executor, the quota source and settings ConfigMap, the Lease
+    timing and the watch timeout."""
+
+    kubeconfig: str | None
+    in_cluster: bool
+    #: this replica's name: the Lease holder identity and the engine's instance
+    instance: str
+    #: ``kubernetes`` (the Eviction API), ``log``, or ``simulate``
+    executor: str
+    quota_source: str
+    #: ``NAMESPACE/NAME``
+    settings_configmap: str
+    eviction_retry_for: float
+    lease_name: str
+    lease_duration: float
+    renew_deadline: float
+    retry_period: float
+    watch_timeout: int
+    #: records between snapshots of an engine built per term (``run``; ``serve``
+    #: hands its own engine to every term)
+    snapshot_every: int = 50_000
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, *, snapshot_every: int = 50_000) -> ClusterOptions:
+        """The options of a parsed ``run``/``serve`` command line (:func:`add_arguments`,
+        plus ``--instance`` and ``--executor``, which both commands have)."""
+        return cls(
+            kubeconfig=args.kubeconfig,
+            in_cluster=args.in_cluster,
+            instance=args.instance,
+            executor=args.executor,
+            quota_source=args.quota_source,
+            settings_configmap=args.settings_configmap,
+            eviction_retry_for=args.eviction_retry_for,
+            lease_name=args.lease_name,
+            lease_duration=args.lease_duration,
+            renew_deadline=args.renew_deadline,
+            retry_period=args.retry_period,
+            watch_timeout=args.watch_timeout,
+            snapshot_every=snapshot_every,
+        )
 
 
 def on_cluster(args: argparse.Namespace) -> bool:

@@ -24,7 +24,6 @@ process starts and ends: SIGTERM/SIGINT here terminates them at once (DESIGN
 from __future__ import annotations
 
 import asyncio
-import itertools
 import multiprocessing
 import signal
 from collections.abc import Callable, Mapping, Sequence
@@ -47,7 +46,10 @@ from quotaledger.engine.audit import (
 from quotaledger.engine.audit_findings import AuditReport
 from quotaledger.events.ledger import LedgerError
 
-from .sqlite_ledger import SqliteLedger
+from ..jsonl import is_jsonl_path
+from ..record_sources import jsonl_file_records, ledger_record_source, with_record_source
+from ..sqlite_ledger import SqliteLedger
+from .common import UserError, progress_for, progress_meter, tune_gc, warn
 
 Progress = Callable[[int], None]
 #: A worker's job: picklable by name, called with its arguments and a progress callback.
@@ -59,8 +61,6 @@ Job = Callable[..., Any]
 
 def _worker(writer: Connection, counter: Any, slot: int, job: Job, args: tuple[Any, ...]) -> None:
     """The body of one worker process: run ``job`` and send back its result."""
-    from .cli import UserError, tune_gc
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops its workers
     tune_gc()
 
@@ -74,10 +74,6 @@ def _worker(writer: Connection, counter: Any, slot: int, job: Job, args: tuple[A
         outcome = ("error", str(exc))
     writer.send(outcome)
     writer.close()
-
-
-def _sqlite_source(ledger: SqliteLedger) -> Callable[[int], Any]:
-    return lambda start: itertools.chain.from_iterable(ledger.iter_batches(start))
 
 
 def span_job(
@@ -94,7 +90,7 @@ def span_job(
         ledger = await SqliteLedger.open(path, read_only=True)
         try:
             return audit_span(
-                _sqlite_source(ledger),
+                await ledger_record_source(ledger),
                 ledger.snapshot_at,
                 start,
                 stops,
@@ -110,9 +106,9 @@ def span_job(
 
 def segment_job(path: str, start: int, end: int, progress: Progress) -> Any:
     """One segment folded from offset 0 (:func:`audit_segment`)."""
-    from .cli import _with_ledger_records
-
-    return _with_ledger_records(Path(path), lambda source: audit_segment(source, start, end))
+    return with_record_source(
+        Path(path), lambda source: audit_segment(source, start, end), progress_meter("audit")
+    )
 
 
 # ----------------------------------------------------------------- parent side
@@ -169,10 +165,8 @@ def run_workers(
 
 
 def _last_offset(path: Path) -> int:
-    from .cli import _is_jsonl, _jsonl_ledger_records
-
-    if _is_jsonl(path):
-        return len(_jsonl_ledger_records(path)) - 1
+    if is_jsonl_path(path):
+        return len(jsonl_file_records(path)) - 1
 
     async def run() -> int:
         ledger = await SqliteLedger.open(str(path), read_only=True)
@@ -185,9 +179,7 @@ def _last_offset(path: Path) -> int:
 
 
 def _snapshot_sizes(path: Path) -> list[tuple[int, int]]:
-    from .cli import _is_jsonl
-
-    if _is_jsonl(path):
+    if is_jsonl_path(path):
         return []
 
     async def run() -> list[tuple[int, int]]:
@@ -202,11 +194,10 @@ def _snapshot_sizes(path: Path) -> list[tuple[int, int]]:
 
 def audit_parallel(path: Path, jobs: int, digests: dict[int, bytes]) -> AuditReport:
     """``audit --jobs N`` of a SQLite ledger or JSONL file (see the module docstring)."""
-    from .cli import UserError, _with_ledger_records, progress_for, warn
 
     def single() -> AuditReport:
-        report: AuditReport = _with_ledger_records(
-            path, lambda source: audit(source, digests=digests)
+        report: AuditReport = with_record_source(
+            path, lambda source: audit(source, digests=digests), progress_meter("audit")
         )
         return report
 
@@ -222,14 +213,17 @@ def audit_parallel(path: Path, jobs: int, digests: dict[int, bytes]) -> AuditRep
         sizes = []
     stops = plan_stops(sizes, last_offset, jobs)
     if stops:
-        report = _audit_spans(path, stops, last_offset, digests, warn, progress_for)
+        report = _audit_spans(path, stops, last_offset, digests)
         if report is not None:
             return report
         return single()
     ranges = segments(last_offset, max(1, jobs - 1))
     work = [(segment_job, (str(path), a, b)) for a, b in ranges]
     results, chained = run_workers(
-        work, meanwhile=lambda: _with_ledger_records(path, lambda s: chain_pass(s, digests))
+        work,
+        meanwhile=lambda: with_record_source(
+            path, lambda source: chain_pass(source, digests), progress_meter("audit")
+        ),
     )
     if chained.damage or chained.last_offset != last_offset:
         return single()
@@ -246,12 +240,8 @@ def _audit_spans(
     stops: list[int],
     last_offset: int,
     digests: dict[int, bytes],
-    warn: Callable[[str], None],
-    progress_for: Callable[..., Any],
 ) -> AuditReport | None:
     """The snapshot-segmented audit; None when it must be done in one process."""
-    from .cli import _with_ledger_records
-
     starts: list[int | None] = [None, *stops]
     work = [(span_job, (str(path), start, stops, last_offset, digests)) for start in starts]
     progress = progress_for("audit", last_offset + 1, None)
@@ -272,6 +262,8 @@ def _audit_spans(
         return None
     if not clean:
         # a digest failed: locating the changed records needs the whole chain
-        chained = _with_ledger_records(path, lambda source: chain_pass(source, digests))
+        chained = with_record_source(
+            path, lambda source: chain_pass(source, digests), progress_meter("audit")
+        )
         report = with_chain(report, chained, hash_problems)
     return report

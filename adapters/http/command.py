@@ -1,6 +1,6 @@
 """The ``serve`` command's arguments and entry point (DESIGN §11).
 
-Kept apart from :mod:`.http_api` so that building the CLI parser does not
+Kept apart from :mod:`.server` so that building the CLI parser does not
 import aiohttp and prometheus-client for every other command.
 """
 
@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from quotaledger.events.ledger import LedgerError
 
+from ..kubernetes.options import ClusterOptions, check_arguments, on_cluster
+from ..kubernetes.options import add_arguments as add_cluster_arguments
+from .options import ServeError, ServeOptions
+
 if TYPE_CHECKING:
-    from .http_api import Server
-
-
-class ServeError(LedgerError):
-    """A ``serve``/``demo`` argument that cannot be used (printed, exit 2)."""
+    from .server import Server
 
 
 def read_token(token_file: str | None) -> bytes | None:
@@ -144,15 +144,27 @@ def add_serve_parser(commands: Any) -> None:
     parser.add_argument(
         "--snapshots", metavar="PATH", help="local snapshot file of a Kafka ledger (DESIGN §10)"
     )
-    from .kubernetes.options import add_arguments as add_cluster_arguments
-
     add_cluster_arguments(parser)
     parser.set_defaults(handler=cmd_serve)
 
 
+def serve_options(args: argparse.Namespace) -> ServeOptions:
+    """The :class:`ServeOptions` of a parsed ``serve`` command line whose Kubernetes
+    options :func:`check_arguments` accepted."""
+    host, port = parse_listen(args.listen)
+    return ServeOptions(
+        host=host,
+        port=port,
+        token=read_token(args.token_file),
+        executor=args.executor,
+        read_only=args.read_only,
+        instance=args.instance,
+        cluster=ClusterOptions.from_args(args) if on_cluster(args) else None,
+    )
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .http_api import ServeOptions, serve
-    from .kubernetes.options import check_arguments, on_cluster
+    from .server import serve
 
     problem = check_arguments(args)
     if problem is not None:
@@ -164,16 +176,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
-    host, port = parse_listen(args.listen)
-    options = ServeOptions(
-        host=host,
-        port=port,
-        token=read_token(args.token_file),
-        executor=args.executor,
-        read_only=args.read_only,
-        instance=args.instance,
-        cluster=args if on_cluster(args) else None,
-    )
+    options = serve_options(args)
     run_server(
         serve(args.ledger, options, announce=print_urls, snapshots=args.snapshots), args.listen
     )

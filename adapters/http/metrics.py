@@ -7,7 +7,7 @@ resource as held (memory in bytes, counts as counts).
 
 Counters and histograms that the state does not hold (preemption and eviction
 outcomes, fold time, decision latency) are kept by :class:`FoldStatistics`,
-which watches every batch the follower folds (:mod:`.fold_gate`); they count
+which watches every batch the follower folds (:mod:`.gate`); they count
 from the start of this process, as Prometheus counters do (a restart is a
 counter reset). The collector exports them too, so there is one collector and
 one registry per server, and no module-level state.
