@@ -290,7 +290,7 @@ class KafkaLedger:
             read_only=read_only,
         )
         try:
-            first = await ledger._first_record(where)
+            first = await ledger._first_record(where, retry_connect=False)
             if first is None:
                 if not create:
                     raise LedgerError(f"{where}: the topic is empty, not a ledger (run init)")
@@ -298,7 +298,7 @@ class KafkaLedger:
                 new_id = ledger_id if ledger_id is not None else uuid.uuid4().hex
                 opened = LedgerOpened(ledger_id=new_id, at=ms_datetime(at))
                 await ledger.append([Append(payload=encode_event(opened), ts=at)])
-                first = await ledger._first_record(where)
+                first = await ledger._first_record(where, retry_connect=False)
                 if first is None:
                     raise LedgerError(f"{where}: LedgerOpened was acknowledged but cannot be read")
             found = _opened_id(first, where)
@@ -317,12 +317,14 @@ class KafkaLedger:
             raise
         return ledger
 
-    async def _first_record(self, where: str) -> Record | None:
+    async def _first_record(self, where: str, *, retry_connect: bool = True) -> Record | None:
         """Record 0, or None when the partition is empty. Only record 0 is looked at:
         whatever follows it in the first fetch (a hole, a marker, a bad record) is the
         business of the reads that hand it out, after the records before it (§10), so
         a ledger with a hole can still be opened to show the records before it."""
-        reads = self._read(0, follow=False, check_opened=False, head_only=True)
+        reads = self._read(
+            0, follow=False, check_opened=False, head_only=True, retry_connect=retry_connect
+        )
         async with contextlib.aclosing(reads) as batches:
             async for batch in batches:
                 return batch[0]
@@ -454,6 +456,7 @@ class KafkaLedger:
         follow: bool,
         check_opened: bool,
         head_only: bool = False,
+        retry_connect: bool = True,
     ) -> AsyncGenerator[list[Record], None]:
         """Records from ``from_offset`` by Fetch requests (:mod:`.kafka_fetch`).
 
@@ -462,18 +465,15 @@ class KafkaLedger:
         response's end is known), so the broker works while the caller folds.
         ``head_only`` (a look at record 0: open, the idle follower's check) asks
         for :data:`HEAD_FETCH_BYTES` and walks only the first record fetched.
+        ``retry_connect`` False (opening): a broker that cannot be reached is an error
+        at once.
         """
         start, prev_ts = self._resume_point(from_offset)
-        reader = PartitionFetcher(
-            self.bootstrap,
-            self.topic,
-            self.where,
-            self._options,
-            fetch_bytes=HEAD_FETCH_BYTES if head_only else self.fetch_bytes,
+        reader = await self._start_reader(
+            HEAD_FETCH_BYTES if head_only else self.fetch_bytes,
+            self.read_timeout_s if retry_connect else 0.0,
         )
-        self._readers.add(reader)
         try:
-            await reader.start()
             # ``position``: where the next fetch starts; ``expected``: the next
             # ledger offset. They differ after a control batch (a gap, §10).
             position = expected = start
@@ -640,6 +640,33 @@ class KafkaLedger:
         finally:
             self._readers.discard(reader)
             await reader.close()
+
+    async def _start_reader(self, fetch_bytes: int, patience_s: float) -> PartitionFetcher:
+        """A connected reader. The ledger is open, so a broker that cannot be reached now
+        is one restarting or a link cut for a moment: connecting is tried again, as a
+        failed fetch is, for up to ``patience_s`` (``read_timeout_s``), then the read
+        fails with ``cannot connect`` (DECISIONS 227). Opening the ledger does not wait
+        (``patience_s`` 0): a command whose broker is not there at start says so at once."""
+        began = time.monotonic()
+        while True:
+            reader = PartitionFetcher(
+                self.bootstrap, self.topic, self.where, self._options, fetch_bytes=fetch_bytes
+            )
+            self._readers.add(reader)
+            try:
+                await reader.start()
+                return reader
+            except LedgerError:
+                self._readers.discard(reader)
+                await reader.close()
+                if self._closed or time.monotonic() - began >= patience_s:
+                    raise
+                log.warning("%s: cannot connect to read; trying again", self.where)
+                await asyncio.sleep(0.5)
+            except BaseException:
+                self._readers.discard(reader)
+                await reader.close()
+                raise
 
     def _give_up(self, first: int, nxt: int, waited: float) -> LedgerGap | None:
         """The bounded wait at offsets ``first..nxt-1`` has ended (DECISIONS 200):
