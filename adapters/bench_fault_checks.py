@@ -102,6 +102,8 @@ class KafkaTap:
         self.bootstrap, self.topic = bootstrap, topic
         self.found: dict[int, tuple[int, bytes]] = {}  # offset -> (stamp, value)
         self.young_hole_s = 5.0
+        #: offsets found after a later one had been (a later batch readable first)
+        self.late = 0
 
     @property
     def records(self) -> list[RawRecord]:
@@ -145,7 +147,10 @@ class KafkaTap:
                     fresh = 0
                     for batch in fetched.batches:
                         for message in batch:
-                            fresh += message.offset not in self.found
+                            new = message.offset not in self.found
+                            fresh += new
+                            # readable only after a later offset was: the race of DECISIONS 200
+                            self.late += new and message.offset < self._end()
                             self.found[message.offset] = (message.timestamp, message.value or b"")
                     if fresh:
                         quiet_since = time.monotonic()

@@ -19,7 +19,9 @@ storage on a local moto server, so that a broker restart keeps the log):
   under the same or a new instance name), SIGSTOP of the Lease holder past its Lease then
   SIGCONT, a TCP fault proxy (:mod:`.bench_fault_proxy`) on each engine's link to the API
   server and on every link to the broker (tansu advertises the proxy) that delays, stalls
-  or cuts connections in the middle of a response, and broker restarts (SIGKILL or SIGTERM).
+  or cuts connections in the middle of a response, or (on the broker's link) hands out a
+  later record batch before an earlier one (:meth:`.FaultProxy.hide_first_batch`, the race
+  of DECISIONS 200), and broker restarts (SIGKILL or SIGTERM).
 
 At quiescence (nothing running, nothing outstanding, no deadline to come, the cluster
 reflected in the ledger, the tail still) the engines get SIGTERM, and the checks run on what
@@ -95,6 +97,7 @@ FAULT_KINDS: dict[str, tuple[str, ...]] = {
         "broker-delay",
         "broker-stall",
         "broker-cut",
+        "broker-reorder",
         "broker-restart",
     ),
 }
@@ -345,6 +348,7 @@ class Broker:
     tansu: Any
     proxy: FaultProxy
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    reorder_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     restarts: list[tuple[int, int]] = field(default_factory=list)  # (down ms, up ms)
 
     @property
@@ -362,6 +366,22 @@ class Broker:
             await asyncio.to_thread(self.tansu.start)
             self.restarts.append((down, now_ms()))
             return f"broker {how}, down {down_s:.2f} s"
+
+    async def reorder(self, rng: random.Random, patience_s: float, result: TrialResult) -> str:
+        """Every fetch's first batch hidden for a while (a later batch readable first,
+        DECISIONS 200), then a clear spell. One window at a time on this broker, whichever
+        trial asks (trials run side by side share it): a batch is never held back longer
+        than 40 % of the readers' patience, which a reader must wait out, never take for
+        a hole (DECISIONS 224, 226)."""
+        async with self.reorder_lock:
+            for_s = rng.uniform(0.5, 0.4 * patience_s)
+            before = self.proxy.batches_hidden
+            self.proxy.hide_first_batch(for_s)
+            await asyncio.sleep(for_s)
+            hidden = self.proxy.batches_hidden - before
+            result.stats["fetch responses with their first batch hidden"] += hidden
+            await asyncio.sleep(0.6 * patience_s)  # readable again, before any next window
+            return f"broker link: each fetch's first batch hidden for {for_s:.2f} s ({hidden})"
 
     async def ensure_up(self) -> None:
         async with self.lock:
@@ -393,7 +413,9 @@ class Environment:
                 port = free_port()
                 tansu = Tansu(storage=f"{storage}://tansu/", env=env, advertise=port)
                 await asyncio.to_thread(tansu.start)
-                proxy = await FaultProxy("127.0.0.1", tansu.port, name="broker").start(port)
+                proxy = await FaultProxy("127.0.0.1", tansu.port, name="broker", kafka=True).start(
+                    port
+                )
                 self.brokers[storage] = Broker(storage, tansu, proxy)
         return self
 
@@ -873,6 +895,8 @@ class Trial:
         if kind.startswith("broker-") and self.broker is not None:
             if kind == "broker-restart":
                 return await self.broker.restart(rng)
+            if kind == "broker-reorder":
+                return await self.broker.reorder(rng, self.options.gap_patience_s, self.result)
             return self._link_fault(kind[7:], self.broker.proxy, "broker")
         return None
 
@@ -1026,6 +1050,8 @@ class Trial:
                 self.result.stats["stops at a lost offset (gaps=stop)"] += 1
             else:
                 self.violate("process-exit", f"{who} stopped at offset {offset}: {text}")
+        if self.env.backend == "kafka":
+            self.result.stats["offsets readable after a later one"] += self.tap.late
         violations, stats = check_trial(records, ctx)
         self.result.violations.extend(violations)
         self.result.stats.update(stats)

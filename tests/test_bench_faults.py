@@ -15,10 +15,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,9 @@ from quotaledger.adapters.bench_fault_checks import (
 )
 from quotaledger.adapters.bench_fault_proxy import FaultProxy
 from quotaledger.adapters.bench_faults import Options
+from quotaledger.adapters.bench_tansu import Tansu, free_port
+from quotaledger.adapters.kafka_ledger import KafkaLedger, gap_filler
+from quotaledger.events.ledger import Append, LedgerError, Record
 from quotaledger.projections import guard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,6 +126,104 @@ async def test_the_proxy_records_http_request_lines() -> None:
     finally:
         await proxy.close()
         server.close()
+
+
+# ------------------------------------------------------------------ the broker's link
+
+
+@contextlib.asynccontextmanager
+async def broker_behind_a_proxy() -> AsyncIterator[tuple[Tansu, FaultProxy]]:
+    """A tansu broker (memory storage) that names a Kafka fault proxy as its address, so
+    every connection of a client goes through the proxy, as in the trials."""
+    port = free_port()
+    broker = await asyncio.to_thread(Tansu(advertise=port).start)
+    proxy = await FaultProxy("127.0.0.1", broker.port, name="broker", kafka=True).start(port)
+    try:
+        yield broker, proxy
+    finally:
+        await proxy.close()
+        await asyncio.to_thread(broker.close)
+
+
+def fact(n: int) -> Append:
+    return Append(
+        json.dumps({"kind": "NamespaceWeighted", "namespace": f"n{n}", "weight": 1}).encode()
+    )
+
+
+async def read_all(
+    bootstrap: str, topic: str, hide: FaultProxy | None = None, **options: Any
+) -> list[Record]:
+    """Records 1.. of a new reader; ``hide``: opened first (record 0 read), then every
+    fetch's first batch hidden for 1 s."""
+    ledger = await KafkaLedger.open(bootstrap, topic, create=False, **options)
+    try:
+        if hide is not None:
+            hide.hide_first_batch(1.0)
+        return [record async for batch in ledger.read(1) for record in batch]
+    finally:
+        await ledger.close()
+
+
+async def test_the_proxy_hands_out_a_later_batch_first() -> None:
+    """While hiding, every Fetch response lacks its first batch: a reader asking from
+    offset 1 is handed 3..4 while 1..2 are not readable, the race of DECISIONS 200. The
+    ledger's reader waits it out and reads every record once, in order; a reader that
+    fills any gap at once (the planted bug of ``bench faults``) hands out fillers where
+    records exist."""
+    async with broker_behind_a_proxy() as (_, proxy):
+        bootstrap = f"127.0.0.1:{proxy.port}"
+        writer = await KafkaLedger.open(bootstrap, "hide", create=True)
+        for n in range(4):
+            await writer.append([fact(n), fact(n + 100)])  # batches at 1, 3, 5, 7
+        await writer.close()
+        plain = await read_all(bootstrap, "hide")
+        assert [r.offset for r in plain] == list(range(1, 9))
+
+        started = time.monotonic()
+        waited = await read_all(bootstrap, "hide", proxy, gap_patience_s=5.0)
+        assert time.monotonic() - started >= 0.9  # it waited for the hidden batch
+        assert [(r.offset, r.payload) for r in waited] == [(r.offset, r.payload) for r in plain]
+        assert proxy.batches_hidden > 0
+
+        hidden = proxy.batches_hidden
+        filled = await read_all(bootstrap, "hide", proxy, gaps="fill", gap_patience_s=0.0)
+        assert proxy.batches_hidden > hidden
+        assert [r.offset for r in filled] == list(range(1, 9))
+        assert filled[:2] == [
+            Record(1, filled[0].ts, gap_filler(1)),
+            Record(2, filled[1].ts, gap_filler(2)),
+        ]
+        assert filled[2:] == plain[2:]
+
+
+async def test_a_read_waits_for_a_broker_that_comes_back() -> None:
+    """An open ledger whose broker cannot be reached for a moment (restarting) reads
+    again once it is back: a new read (a term's catch-up) no longer ends the engine with
+    ``cannot connect`` (found by ``bench faults``: two engines exited 2 at a broker
+    restart). Opening a ledger still fails at once when the broker is not there."""
+    async with broker_behind_a_proxy() as (broker, proxy):
+        bootstrap = f"127.0.0.1:{proxy.port}"
+        ledger = await KafkaLedger.open(bootstrap, "back", create=True)
+        try:
+            await ledger.append([fact(1)])
+            await proxy.close()  # nothing listens at the broker's address now
+
+            async def back() -> FaultProxy:
+                await asyncio.sleep(1.5)
+                return await FaultProxy("127.0.0.1", broker.port, kafka=True).start(proxy.port)
+
+            returning = asyncio.create_task(back())
+            started = time.monotonic()
+            with pytest.raises(LedgerError, match="cannot connect"):
+                await KafkaLedger.open(bootstrap, "back", create=False)
+            assert time.monotonic() - started < 1.5  # at once, not after the broker is back
+            records = [r async for batch in ledger.read(0) for r in batch]
+            assert [r.offset for r in records] == [0, 1]
+            assert time.monotonic() - started >= 1.4
+            await (await returning).close()
+        finally:
+            await ledger.close()
 
 
 # ------------------------------------------------------------------ the checks

@@ -109,7 +109,8 @@ def register(commands: Commands) -> None:
         "--faults",
         metavar="KIND,...",
         help="faults: draw only these kinds (kill, pause, api-delay, api-stall, api-cut,"
-        " broker-delay, broker-stall, broker-cut, broker-restart; default: all of the backend)",
+        " broker-delay, broker-stall, broker-cut, broker-reorder, broker-restart; default:"
+        " all of the backend)",
     )
     bench.add_argument(
         "--keep", metavar="DIR", help="faults: keep the files of every trial with a violation here"
