@@ -309,6 +309,23 @@ def tracebacks(paths: Iterable[Path]) -> list[tuple[Path, str]]:
     return found
 
 
+#: a ``gaps=fill`` reader's warning when it fills offsets (kafka_ledger._give_up)
+FILLED = re.compile(
+    r"offsets (\d+)\.\.(\d+) held no record for [0-9.]+ s while offset \d+ was"
+    r" readable: a write the broker lost before acknowledging it; filling them"
+)
+
+
+def filled(paths: Iterable[Path]) -> list[tuple[Path, int, int]]:
+    """The offset ranges each log says its reader filled."""
+    found = []
+    for path in paths:
+        if path.exists():
+            for match in FILLED.finditer(path.read_text(errors="replace")):
+                found.append((path, int(match.group(1)), int(match.group(2))))
+    return found
+
+
 def term_starts_ms(path: Path) -> list[int]:
     """From an engine's log: ms from each Lease taken to its engine leading (its
     catch-up and election; the Lease is held, nothing decided yet)."""
@@ -613,6 +630,8 @@ class Trial:
         await self._stop_engines()
         if settled is not None:
             await self._check(settled)
+        else:  # what the logs say is checked all the same
+            await self._check_logs(None)
 
     def _instance_name(self, slot: EngineSlot, new: bool) -> str:
         if not new and slot.instance is not None:
@@ -1055,12 +1074,35 @@ class Trial:
         violations, stats = check_trial(records, ctx)
         self.result.violations.extend(violations)
         self.result.stats.update(stats)
+        await self._check_logs(records)
+
+    async def _check_logs(self, records: list[RawRecord] | None) -> None:
+        """Tracebacks, and offsets a reader said it filled that hold records (the raw
+        records of the checks, else read now): a hole that was not one (DECISIONS 200)."""
         errs = [i.stderr for s in self.slots for i in s.incarnations] + self.tool_errs
         starts = [ms for path in errs for ms in term_starts_ms(path)]
         self.result.stats["terms"] += len(starts)
         self.result.stats["term start ms max"] = max(starts, default=0)
         for path, text in tracebacks(errs):
             self.violate("traceback", f"{path.name}: {' | '.join(text.splitlines()[-4:])}")
+        fills = filled(errs)
+        if not fills:
+            return
+        if records is None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(60):
+                    records = await self.final_records()
+        present = {r.offset for r in records or ()}
+        for path, first, last in fills:
+            held = sorted(present & set(range(first, last + 1)))
+            self.result.stats["offset ranges filled"] += 1
+            if held:
+                self.violate(
+                    "filled-record",
+                    f"{path.name}: a reader filled offsets {first}..{last}, and the ledger holds"
+                    f" records at {held[0]}..{held[-1]}",
+                    f"{first}..{last}",
+                )
 
     async def _audit(self, url: str) -> tuple[int, dict[str, Any] | None, str]:
         """``quotaledger audit URL --json`` (again, up to 3 times, while it cannot connect:

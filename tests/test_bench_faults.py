@@ -509,8 +509,13 @@ def test_the_audit_verdict_is_checked() -> None:
 
 
 def run(backend: str, seeds: Sequence[int], **options: Any) -> list[bench_faults.TrialResult]:
-    merged: dict[str, Any] = {"backend": backend, "parallel": 2} | options
+    merged: dict[str, Any] = {"backend": backend} | CI | options
     return asyncio.run(bench_faults.run_trials(backend, seeds, Options(**merged)))
+
+
+#: The CI form's timings: a 5 s workload (the command's is 8 s) and four trials side by
+#: side, so that ten trials of a backend take about a minute on two cores.
+CI: dict[str, Any] = {"workload_s": 5.0, "parallel": 4}
 
 
 @pytest.mark.slow
@@ -554,6 +559,36 @@ def test_a_planted_zombie_is_reported(tmp_path: Path) -> None:
     )
     found = {v.check for r in results for v in r.violations}
     assert found & {"zombie-post", "zombie-decision", "eviction-twice"}, found
+
+
+@pytest.mark.slow
+def test_a_planted_fill_at_once_reader_is_reported(tmp_path: Path) -> None:
+    """Engines whose Kafka reader fills any gap at once (tests/planted_engine.py
+    ``fill-at-once``, as before DECISIONS 200), with the broker handing out later batches
+    first (``broker-reorder``): a reader fills offsets that hold records, and the harness
+    says so (``filled-record``; the engine, missing records, may also never settle)."""
+    planted = (sys.executable, str(REPO / "tests" / "planted_engine.py"), "fill-at-once")
+    results = run(
+        "kafka",
+        range(7200, 7202),
+        engine_command=planted,
+        keep_dir=tmp_path,
+        fault_kinds=("broker-reorder",),
+        settle_timeout_s=20.0,
+        parallel=2,
+    )
+    found = {v.check for r in results for v in r.violations}
+    assert "filled-record" in found, found
+
+
+def test_a_log_of_filled_offsets_is_read(tmp_path: Path) -> None:
+    log = tmp_path / "e0.err"
+    log.write_text(
+        "2026-11-27 08:23:29,341 quotaledger.kafka kafka://h/t: offsets 34..38 held no record"
+        " for 0.0 s while offset 39 was readable: a write the broker lost before acknowledging"
+        " it; filling them (gaps=fill)\nother line\n"
+    )
+    assert bench_faults.filled([log, tmp_path / "absent.err"]) == [(log, 34, 38)]
 
 
 async def test_an_eviction_post_is_fenced_at_its_last_moment(tmp_path: Path) -> None:
