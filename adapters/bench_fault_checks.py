@@ -104,6 +104,15 @@ class KafkaTap:
         self.young_hole_s = 5.0
         #: offsets found after a later one had been (a later batch readable first)
         self.late = 0
+        #: the broker's high watermark in its last answer (-1: none yet)
+        self.highwater = -1
+
+    @property
+    def caught_up(self) -> bool:
+        """Has every offset below the broker's last high watermark been found or left
+        as a hole? (A raw read that lags - slow storage, a loaded machine - is not the
+        ledger's tail.)"""
+        return self._end() >= self.highwater
 
     @property
     def records(self) -> list[RawRecord]:
@@ -134,8 +143,10 @@ class KafkaTap:
         def reading() -> bool:
             if idle_s is None:
                 return True
-            # a first answer may take long (a broker just restarted, slow storage)
-            return time.monotonic() - quiet_since < (idle_s if self.found else 30.0)
+            # a first answer may take long (a broker just restarted, slow storage), and
+            # so may the rest of a log the broker says it holds
+            quiet = time.monotonic() - quiet_since
+            return quiet < (idle_s if self.found and self.caught_up else 30.0)
 
         while reading():
             fetcher = PartitionFetcher([self.bootstrap], self.topic, self.topic, {})
@@ -144,6 +155,8 @@ class KafkaTap:
                 while reading():
                     position = self._next_position(hole_seen)
                     fetched = await fetcher.fetch(position, 200)
+                    if fetched.highwater is not None:
+                        self.highwater = fetched.highwater
                     fresh = 0
                     for batch in fetched.batches:
                         for message in batch:

@@ -63,6 +63,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from quotaledger.engine.core import timers
+
 from .bench_fault_checks import (
     CheckContext,
     KafkaTap,
@@ -980,6 +982,12 @@ class Trial:
                 why = f"evictions outstanding: {outstanding}"
             elif any(d > now - grace for d in state.decrease_deadlines.values()):
                 why = f"deadlines to come: {state.decrease_deadlines}"
+            elif soon := [t for t in timers(state) if t.at > now - grace]:
+                # an overuse or reclaim deadline to come (or just passed): its engine has
+                # yet to decide on it
+                why = f"timers to come: {[(t.cause, t.queue, t.at) for t in soon]}"
+            elif self.env.backend == "kafka" and not self.tap.caught_up:
+                why = f"the raw reads lag the broker (high watermark {self.tap.highwater})"
             elif cluster != mirrored:
                 why = "the ledger does not mirror the cluster yet"
             elif self.server.holder() is None:
@@ -994,13 +1002,15 @@ class Trial:
         return None
 
     async def _stop_engines(self) -> None:
-        """SIGTERM each engine: it must exit 0 (or, stopped before its handlers were in
+        """SIGTERM every engine at once: each must exit 0 (or, stopped before its handlers were in
         place, by the signal itself or with 143 and ``stopped by SIGTERM``), spending less
         than the bound in CPU and in wall time less its waits for a CPU."""
         bound = self.options.stop_bound_s
-        for slot in self.slots:
-            instance = slot.instance
-            stopped = await slot.terminate(60.0)
+        # all at once: an engine left running while another stops (slowly, on a loaded
+        # machine) may still decide, and its decision then goes unfinished
+        instances = [slot.instance for slot in self.slots]
+        stops = await asyncio.gather(*(slot.terminate(60.0) for slot in self.slots))
+        for slot, instance, stopped in zip(self.slots, instances, stops, strict=True):
             text = tail(slot.incarnations[-1].stderr)
             self.note(
                 f"{instance}: SIGTERM -> exit {stopped.code} in {stopped.wall_s:.2f} s"
