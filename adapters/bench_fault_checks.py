@@ -554,9 +554,13 @@ def check_trial(
         instance = ctx.instance_at[slot](sent_ms) if slot in ctx.instance_at else None
         holder = _holder_at(ctx.lease_writes, sent_ms)
         if instance is not None and holder != instance:
+            own = [ms for ms, who in ctx.lease_writes if who == instance and ms <= sent_ms]
+            passed = [ms for ms, who in ctx.lease_writes if who != instance and ms <= sent_ms]
             violate(
                 "zombie-post",
-                f"{instance} sent POST {path} at {sent_ms} while the Lease named {holder}",
+                f"{instance} sent POST {path} at {sent_ms} while the Lease named {holder}"
+                f" (its own last Lease write {sent_ms - own[-1] if own else '?'} ms before,"
+                f" the Lease another's for {sent_ms - passed[-1] if passed else '?'} ms)",
             )
 
     # at quiescence
