@@ -982,10 +982,10 @@ class Trial:
                 why = f"evictions outstanding: {outstanding}"
             elif any(d > now - grace for d in state.decrease_deadlines.values()):
                 why = f"deadlines to come: {state.decrease_deadlines}"
-            elif soon := [t for t in timers(state) if t.at > now - grace]:
+            elif soon := [t for t in timers(state) if t.deadline > now - grace]:
                 # an overuse or reclaim deadline to come (or just passed): its engine has
                 # yet to decide on it
-                why = f"timers to come: {[(t.cause, t.queue, t.at) for t in soon]}"
+                why = f"timers to come: {[(t.cause, t.queue, t.deadline) for t in soon]}"
             elif self.env.backend == "kafka" and not self.tap.caught_up:
                 why = f"the raw reads lag the broker (high watermark {self.tap.highwater})"
             elif cluster != mirrored:
