@@ -328,6 +328,15 @@ def filled(paths: Iterable[Path]) -> list[tuple[Path, int, int]]:
     return found
 
 
+def refused_at_start(code: int | None, stderr: Path) -> bool:
+    """Did an engine exit 2 saying ``cannot connect`` before it had opened its ledger
+    (it says ``waiting for lease`` once it has)?"""
+    if code != 2 or not stderr.exists():
+        return False
+    text = stderr.read_text(errors="replace")
+    return "cannot connect" in text and "waiting for lease" not in text
+
+
 def term_starts_ms(path: Path) -> list[int]:
     """From an engine's log: ms from each Lease taken to its engine leading (its
     catch-up and election; the Lease is held, nothing decided yet)."""
@@ -824,7 +833,12 @@ class Trial:
                 incarnation = slot.incarnations[-1]
                 incarnation.ended_ms = now_ms()
                 text = tail(incarnation.stderr)
-                self.exited(f"engine {incarnation.instance}", proc.returncode, text)
+                if refused_at_start(proc.returncode, incarnation.stderr):
+                    # its broker unreachable as it started (a restart or a cut, maybe a
+                    # trial's beside it): a clear refusal, as for ingest (DECISIONS 227)
+                    self.result.stats["engine starts refused at connect"] += 1
+                else:
+                    self.exited(f"engine {incarnation.instance}", proc.returncode, text)
                 if MISSING.search(text) is not None:
                     slot.gaps = "fill"  # as an operator would, once told of a lost write
                 self.note(f"{incarnation.instance} exited {proc.returncode}; restarting")

@@ -626,3 +626,20 @@ async def test_an_eviction_post_is_fenced_at_its_last_moment(tmp_path: Path) -> 
         await asyncio.sleep(0.5)  # 201: it then waits for the watcher's removal
         task.cancel()
         assert r.server.eviction_posts == [("default", "victim", 201)]
+
+
+def test_an_engine_refused_at_start_is_told_from_one_that_failed_later(tmp_path: Path) -> None:
+    """An engine whose broker cannot be reached as it starts exits 2 at once (DECISIONS
+    227): the trials count it and start it again; the same error once it had opened its
+    ledger (``waiting for lease``) is a violation."""
+    at_start = tmp_path / "a.err"
+    at_start.write_text("quotaledger: error: kafka://h/t: cannot connect: KafkaConnectionError\n")
+    later = tmp_path / "b.err"
+    later.write_text(
+        "engine e0-1 waiting for lease quotaledger/quotaledger\n"
+        "quotaledger: error: kafka://h/t: cannot connect: KafkaConnectionError\n"
+    )
+    assert bench_faults.refused_at_start(2, at_start)
+    assert not bench_faults.refused_at_start(1, at_start)
+    assert not bench_faults.refused_at_start(2, later)
+    assert not bench_faults.refused_at_start(2, tmp_path / "absent.err")
