@@ -643,3 +643,21 @@ def test_an_engine_refused_at_start_is_told_from_one_that_failed_later(tmp_path:
     assert not bench_faults.refused_at_start(1, at_start)
     assert not bench_faults.refused_at_start(2, later)
     assert not bench_faults.refused_at_start(2, tmp_path / "absent.err")
+
+
+async def test_a_link_lost_while_opening_is_a_clear_refusal(
+    tansu: Tansu, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by ``bench faults`` (a broker link cut while ``ingest`` opened its ledger):
+    the broker connection lost after connecting, while the topic is looked up, is the
+    clear ``cannot connect`` error of a command that starts without its broker, not a
+    traceback. (The fault is raised where aiokafka raised it; the broker is real.)"""
+    from aiokafka.admin import AIOKafkaAdminClient  # type: ignore[import-untyped]
+    from aiokafka.errors import KafkaConnectionError  # type: ignore[import-untyped]
+
+    async def cut(self: Any) -> list[str]:
+        raise KafkaConnectionError("Connection at 127.0.0.1:1 closed")
+
+    monkeypatch.setattr(AIOKafkaAdminClient, "list_topics", cut)
+    with pytest.raises(LedgerError, match=r"cannot connect: .*closed"):
+        await KafkaLedger.open(tansu.bootstrap, topic, create=True)
