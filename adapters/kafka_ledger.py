@@ -116,6 +116,8 @@ _KNOWN_TS_LIMIT = 4096
 #: readable before a reader gives up on them (``gap_patience_s``, DECISIONS 200).
 GAP_PATIENCE_S = 60.0
 #: The first and the longest pause between fetches at a skip not yet proven (s).
+#: How long closing waits for appends still unacknowledged (then gives them up).
+CLOSE_FLUSH_S = 1.0
 HOLE_RETRY_S = 0.002
 HOLE_RETRY_MAX_S = 0.2
 #: A skip not seen for longer than this (no answer, a paused process) counts its patience
@@ -422,6 +424,8 @@ class KafkaLedger:
             batch, count = self._fill(items, start, now)
             try:
                 future = await self._producer.send_batch(batch, self.topic, partition=0)
+                # its outcome is read even when this append is given up (cancelled)
+                future.add_done_callback(_outcome_read)
                 metadata = await future
                 return int(metadata.offset), count
             except KafkaError as exc:
@@ -821,8 +825,20 @@ class KafkaLedger:
         for reader in list(self._readers):
             await reader.close()
         if self._producer is not None:
-            with contextlib.suppress(Exception):
-                await self._producer.stop()
+            # appends still unacknowledged get a moment to be delivered, no more: a stop
+            # is bounded (DESIGN §9), and such an append's fate is unknown either way,
+            # as after a crash (a reader finds it, or not: DECISIONS 201)
+            stopping = asyncio.ensure_future(self._producer.stop())
+            done, _ = await asyncio.wait({stopping}, timeout=CLOSE_FLUSH_S)
+            if not done:
+                log.warning(
+                    "%s: appends not acknowledged within %.1f s of closing were given up",
+                    self.where,
+                    CLOSE_FLUSH_S,
+                )
+                stopping.cancel()
+            with contextlib.suppress(BaseException):
+                await stopping
         if self._snapshots is not None:
             self._snapshots.close()
 
@@ -836,6 +852,11 @@ class KafkaLedger:
 
     def __repr__(self) -> str:
         return f"<KafkaLedger {self.where} ledger_id={self._ledger_id}>"
+
+
+def _outcome_read(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def gap_filler(offset: int) -> bytes:

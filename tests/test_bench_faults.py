@@ -37,7 +37,7 @@ from quotaledger.adapters.bench_fault_checks import (
 from quotaledger.adapters.bench_fault_proxy import FaultProxy
 from quotaledger.adapters.bench_faults import Options
 from quotaledger.adapters.bench_tansu import Tansu, free_port
-from quotaledger.adapters.kafka_ledger import KafkaLedger, gap_filler
+from quotaledger.adapters.kafka_ledger import CLOSE_FLUSH_S, KafkaLedger, gap_filler
 from quotaledger.events.ledger import Append, LedgerError, Record
 from quotaledger.projections import guard
 
@@ -661,3 +661,21 @@ async def test_a_link_lost_while_opening_is_a_clear_refusal(
     monkeypatch.setattr(AIOKafkaAdminClient, "list_topics", cut)
     with pytest.raises(LedgerError, match=r"cannot connect: .*closed"):
         await KafkaLedger.open(tansu.bootstrap, topic, create=True)
+
+
+async def test_closing_gives_up_an_append_the_broker_does_not_answer() -> None:
+    """An append on its way when the broker link stalls does not hold up closing the
+    ledger (a stop is bounded, DESIGN §9): found by ``bench faults`` (an engine whose
+    stop waited for its producer's request timeout and more). Closing waits
+    ``CLOSE_FLUSH_S`` for it, then gives it up."""
+    async with broker_behind_a_proxy() as (_, proxy):
+        ledger = await KafkaLedger.open(f"127.0.0.1:{proxy.port}", "close", create=True)
+        await ledger.append([fact(1)])
+        proxy.stall(60)
+        append = asyncio.create_task(ledger.append([fact(2)]))
+        await asyncio.sleep(0.5)
+        append.cancel()
+        started = time.monotonic()
+        await ledger.close()
+        assert time.monotonic() - started < CLOSE_FLUSH_S + 1.0
+        proxy.heal()
