@@ -141,6 +141,10 @@ class Options:
     pause_when_refused: float = 0.5
     #: a pause lasts the Lease duration plus this much (uniform)
     pause_extra_s: tuple[float, float] = (0.3, 1.5)
+    #: outside ``ingest`` producers (1..N) and runs of each (1..N): each run is a process
+    #: start, most of a trial's CPU after the engines' (the tests' short form takes fewer)
+    ingest_producers: int = 3
+    ingest_runs: int = 3
 
 
 @dataclass
@@ -625,7 +629,8 @@ class Trial:
             supervisor = group.create_task(self._supervise())
             group.create_task(self._workload(scenario))
             producers = [
-                group.create_task(self._ingest_producer(i)) for i in range(rng.randint(1, 3))
+                group.create_task(self._ingest_producer(i))
+                for i in range(rng.randint(1, self.options.ingest_producers))
             ]
             if self.env.backend == "kafka" and rng.random() < 0.7:
                 producers.append(group.create_task(self._kafka_producer()))
@@ -727,7 +732,7 @@ class Trial:
     async def _ingest_producer(self, index: int) -> None:
         """``quotaledger ingest`` runs of a few facts each, at random times."""
         rng = random.Random(self.rng.random())
-        runs = rng.randint(1, 3)
+        runs = rng.randint(1, self.options.ingest_runs)
         # early in the window: an ingest into a long Kafka ledger reads it (slow on s3)
         times = sorted(rng.uniform(0.0, self.options.workload_s * 0.6) for _ in range(runs))
         start = time.monotonic()
