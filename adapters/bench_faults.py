@@ -84,7 +84,7 @@ from .bench_fault_cluster import (
     now_ms,
 )
 from .bench_fault_proxy import FaultProxy
-from .ledger_url import open_ledger
+from .ledgers.url import open_ledger
 
 BACKENDS = ("sqlite", "kafka")
 #: Fault kinds per backend; ``bench faults`` counts how often each was drawn and applied.
@@ -315,7 +315,7 @@ def tracebacks(paths: Iterable[Path]) -> list[tuple[Path, str]]:
     return found
 
 
-#: a ``gaps=fill`` reader's warning when it fills offsets (kafka_ledger._give_up)
+#: a ``gaps=fill`` reader's warning when it fills offsets (ledgers/kafka/reader.py)
 FILLED = re.compile(
     r"offsets (\d+)\.\.(\d+) held no record for [0-9.]+ s while offset \d+ was"
     r" readable: a write the broker lost before acknowledging it; filling them"

@@ -17,7 +17,7 @@ from quotaledger.adapters.kubernetes.watcher import (
     LedgerSink,
     WatchOptions,
 )
-from quotaledger.adapters.sqlite_ledger import SqliteLedger
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 from quotaledger.events.ledger import Record
 from quotaledger.projections import Projection
 from quotaledger.projections.state import ProjectedState
@@ -80,13 +80,14 @@ async def fold(ledger: SqliteLedger) -> ProjectedState:
 async def eventually(
     check: Callable[[], Awaitable[bool]], *, limit_s: float = 30.0, what: str = "condition"
 ) -> None:
-    """Poll ``check`` until true; a generous limit only guards against a hang."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + limit_s
-    while not await check():
-        if loop.time() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+    """Poll ``check`` until true; a generous limit only guards against a hang,
+    a check that itself never returns included."""
+    try:
+        async with asyncio.timeout(limit_s):
+            while not await check():
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 @dataclass

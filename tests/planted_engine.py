@@ -37,7 +37,7 @@ def plant(bug: str) -> None:
         executor.fence_evictions = lambda core, may_evict: None  # no last-moment check
         cluster.LeaseGatedLedger.append = append_unchecked  # type: ignore[method-assign]
     elif bug == "fill-at-once":
-        from quotaledger.adapters import kafka_ledger
+        from quotaledger.adapters.ledgers.kafka import ledger as kafka_ledger
 
         open_ledger = kafka_ledger.KafkaLedger.open.__func__  # type: ignore[attr-defined]
 

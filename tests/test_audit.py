@@ -10,11 +10,13 @@ from typing import Any
 import pytest
 
 from quotaledger.adapters.cli import main
-from quotaledger.engine import audit as audit_module
-from quotaledger.engine.audit import Auditor, _Lagging
+from quotaledger.engine.audit import lagging as lagging_module
+from quotaledger.engine.audit.decisions import Auditor
+from quotaledger.engine.audit.lagging import LaggingFold
 from quotaledger.engine.simulate import Simulation
 from quotaledger.events.ledger import Record
-from quotaledger.projections import Projection, rfc3339, state_json
+from quotaledger.events.times import rfc3339
+from quotaledger.projections import Projection, state_json
 
 REPO = Path(__file__).resolve().parent.parent
 QUOTA_DECREASE = REPO / "examples" / "quota-decrease.jsonl"
@@ -344,13 +346,13 @@ def test_a_basis_behind_the_lagging_fold_refolds(monkeypatch: pytest.MonkeyPatch
     """With a tiny buffer the lagging fold folds nothing until asked, reads the
     records the buffer dropped again from the source, refolds from offset 0 for
     a basis behind it, and always gives the state of a fresh fold through that basis."""
-    monkeypatch.setattr(audit_module, "BUFFER_LIMIT", 1)
+    monkeypatch.setattr(lagging_module, "BUFFER_LIMIT", 1)
     simulation = Simulation()
     lines = [line.encode() for line in QUOTA_DECREASE.read_text().splitlines() if line.strip()]
     ts = [1_767_225_600_000] * 6 + [1_767_225_900_000]
     simulation.run(zip(ts, lines, strict=True))
     records: list[Record] = simulation.records
-    lagging = _Lagging(lambda start: records[start:])
+    lagging = LaggingFold(lambda start: records[start:])
     for record in records:
         lagging.push(record)
     assert lagging.projection.state.offset == -1
@@ -396,10 +398,10 @@ def test_the_lagging_fold_never_reads_past_what_the_main_fold_passed() -> None:
     through = Projection()
     for record in records[:4]:
         through.apply_record(record)
-    fresh = _Lagging(lambda start: records[start:], fed=3)  # a segment starting at 4
+    fresh = LaggingFold(lambda start: records[start:], fed=3)  # a segment starting at 4
     assert fresh.at(len(records) - 1).offset == 3
     assert state_json(fresh.projection.state) == state_json(through.state)
-    buffered = _Lagging(lambda start: records[start:])
+    buffered = LaggingFold(lambda start: records[start:])
     for record in records[:4]:
         buffered.push(record)
     assert buffered.at(len(records) - 1).offset == 3

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import json
 import sqlite3
 from collections.abc import Sequence
@@ -17,21 +18,26 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quotaledger.adapters.cli import main
-from quotaledger.adapters.sqlite_ledger import SqliteLedger
-from quotaledger.engine.audit import (
-    AuditReport,
-    audit,
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
+from quotaledger.engine.audit import AuditReport, audit, report_json, report_text
+from quotaledger.engine.audit import decisions as decisions_module
+from quotaledger.engine.audit.digests import chain_pass
+from quotaledger.engine.audit.parallel import (
+    audit_segment,
     audit_span,
-    chain_pass,
+    merge_segments,
     merge_spans,
     plan_stops,
     with_chain,
 )
-from quotaledger.engine.audit_words import report_json, report_text
 from quotaledger.events.digest import DigestChain
 from quotaledger.events.ledger import Record, Snapshot
+from quotaledger.events.model import LedgerOpened, NodeUpserted
 from quotaledger.projections import Projection, state_hash
+from quotaledger.projections import guard as guard_module
 from quotaledger.projections.snapshot import dump
+
+from .test_guard_triggers import T0, Ledger, Writer, owing_race
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = ("quota-decrease.jsonl", "overuse.jsonl", "reclaim.jsonl")
@@ -265,6 +271,71 @@ def test_plan_stops_splits_the_work_at_the_nearest_snapshots() -> None:
     ]
     assert plan_stops(bench, 1111, 2) == [600]
     assert plan_stops(bench, 1111, 3) == [400, 750]
+
+
+# ------------------------------------------- what the single pass carries across records
+
+
+def _judged_then_reused() -> list[Record]:
+    """A revoke whose outcome B judged before the last pod's removal (DECISIONS
+    212: the window from its last eviction's outcome to its finish), then a
+    ``PreemptionStarted`` reusing the finished preemption's id (``id-reused``
+    where it lands, DECISIONS 211): both judged on what records before them
+    did, which a segment starting between them must be given."""
+    ledger = Ledger()
+    ledger.append(T0, [LedgerOpened(ledger_id="carried")])
+    ledger.append(T0, [fact for _, fact in owing_race()])
+    a, b = Writer("A", ledger), Writer("B", ledger)
+    a.catch_up(len(ledger.records) - 1)
+    a.append(T0, [a.core.observe(T0)])  # type: ignore[list-item]
+    now = T0 + 1000
+    [timer] = a.core.due(now)
+    started = a.core.propose(timer)
+    a.append(now, started)
+    a.round(now)  # each eviction: EvictionSucceeded, then its pod's PodRemoved
+    b.catch_up(len(ledger.records) - 2)
+    [judged] = b.core.finished()
+    b.append(now, [judged])
+    ledger.append(now + 5000, [NodeUpserted(name="spare", allocatable={})])
+    ledger.append(now + 5000, [started[0]])  # the same id again
+    return ledger.records
+
+
+def in_segments(records: Sequence[Record], cuts: Sequence[int]) -> AuditReport:
+    """What ``audit --jobs`` does without snapshots: each segment folds the
+    records before it, the digest chain in one pass of its own."""
+
+    def source(start: int) -> Sequence[Record]:
+        return records[start:]
+
+    bounds = [0, *cuts, records[-1].offset + 1]
+    results = [audit_segment(source, s, e - 1) for s, e in itertools.pairwise(bounds)]
+    return merge_segments(chain_pass(source, None), results)
+
+
+@pytest.mark.parametrize("kept", [None, 0])
+def test_segments_and_spans_judge_what_straddles_their_start_as_one_pass(
+    monkeypatch: pytest.MonkeyPatch, kept: int | None
+) -> None:
+    """Cut anywhere, from a fold of the records before or from a snapshot: an
+    overuse outcome judged on a state before the cut and an id started before
+    it are judged as one process judges them. ``kept`` 0: the guard remembers
+    no finished id (the bound of DECISIONS 62 reached), so a snapshot's state
+    no longer names the id and the records before it are asked."""
+    if kept is not None:
+        monkeypatch.setattr(guard_module, "FINISHED_KEPT", kept)
+        monkeypatch.setattr(decisions_module, "FINISHED_KEPT", kept)
+    records = _judged_then_reused()
+    single = one_process(records)
+    codes = {p.code for f in single.findings for p in f.problems}
+    assert "id-reused" in codes and "outcome-differs" not in codes
+    last = records[-1].offset
+    for cut in range(1, last + 1):
+        same(in_segments(records, [cut]), single)
+        if cut < last:
+            report, warnings = in_spans(records, snapshots_at(records, [cut - 1]), [cut - 1])
+            assert warnings == []
+            same(report, single)
 
 
 # ---------------------------------------------------------------- through the CLI

@@ -37,7 +37,8 @@ from quotaledger.adapters.bench_fault_checks import (
 from quotaledger.adapters.bench_fault_proxy import FaultProxy
 from quotaledger.adapters.bench_faults import Options
 from quotaledger.adapters.bench_tansu import Tansu, free_port
-from quotaledger.adapters.kafka_ledger import CLOSE_FLUSH_S, KafkaLedger, gap_filler
+from quotaledger.adapters.ledgers.kafka.ledger import CLOSE_FLUSH_S, KafkaLedger
+from quotaledger.adapters.ledgers.kafka.walk import gap_filler
 from quotaledger.events.ledger import Append, LedgerError, Record
 from quotaledger.projections import guard
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from quotaledger.adapters.ledger_url import open_ledger
+from quotaledger.adapters.ledgers.url import open_ledger
 from quotaledger.events.codec import decode_event
 from quotaledger.events.ledger import Ledger, Record
 from quotaledger.events.model import LeaderElected, PodUpserted
@@ -98,7 +98,14 @@ async def test_pods_on_the_cluster_become_records_on_the_kafka_topic(
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
-        assert await proc.wait() == 0, log.read_text()
+        try:  # SIGTERM drains and exits within the shutdown bound (DESIGN §9)
+            async with asyncio.timeout(30):
+                code = await proc.wait()
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise AssertionError(f"ignored SIGTERM for 30 s: {log.read_text()}") from None
+        assert code == 0, log.read_text()
         if ledger is not None:
             await ledger.close()
         await server.stop()

@@ -10,7 +10,7 @@ where a process starts:
   state, digest and stored blob. A snapshot it does not reproduce is reported
   (a warning naming it) and process k - 1 audits on past it from its own,
   verified state, so the report is the one-process report whatever the jobs
-  (:func:`quotaledger.engine.audit.merge_spans`).
+  (:func:`quotaledger.engine.audit.parallel.merge_spans`).
 * **Without a usable snapshot** (DECISIONS 46, 121): N - 1 processes audit
   equal segments, each folding the records before its segment first, while
   this process checks the digest chain.
@@ -31,24 +31,23 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from quotaledger.engine.audit import (
+from quotaledger.engine.audit import AuditReport, audit
+from quotaledger.engine.audit.digests import chain_pass
+from quotaledger.engine.audit.parallel import (
     SegmentMismatch,
-    audit,
     audit_segment,
     audit_span,
-    chain_pass,
     merge_segments,
     merge_spans,
     plan_stops,
     segments,
     with_chain,
 )
-from quotaledger.engine.audit_findings import AuditReport
 from quotaledger.events.ledger import LedgerError
 
-from ..jsonl import is_jsonl_path
-from ..record_sources import jsonl_file_records, ledger_record_source, with_record_source
-from ..sqlite_ledger import SqliteLedger
+from ..ledgers.jsonl import is_jsonl_path
+from ..ledgers.sources import jsonl_file_records, ledger_record_source, with_record_source
+from ..ledgers.sqlite.ledger import SqliteLedger
 from .common import UserError, progress_for, progress_meter, tune_gc, warn
 
 Progress = Callable[[int], None]

@@ -21,20 +21,19 @@ from typing import Any, Protocol
 from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from quotaledger.engine.audit import audit
-from quotaledger.engine.audit_findings import AuditReport
-from quotaledger.engine.audit_words import report_json, report_text
+from quotaledger.engine.audit import AuditReport, audit, report_json, report_text
 from quotaledger.engine.fold_loop import Until, fold, parse_until
 from quotaledger.engine.live import LiveEngine
 from quotaledger.engine.whatif import ChangeError, parse_duration, whatif
 from quotaledger.events.codec import peek_kind
 from quotaledger.events.model import DECISION_KINDS
-from quotaledger.projections import ProjectedState, Projection, rfc3339, settle, state_json
+from quotaledger.events.times import rfc3339
+from quotaledger.projections import ProjectedState, Projection, settle, state_json
 from quotaledger.projections.available import reported_available
 from quotaledger.projections.snapshot import dump, load
 from quotaledger.projections.view import quota_view
 
-from ..record_sources import ledger_record_source
+from ..ledgers.sources import ledger_record_source
 from .documents import ENCODER, JSON, ApiError, json_response, record_document, tree_document
 from .gate import GatedLedger
 from .metrics import LedgerPosition, StateCollector
@@ -152,7 +151,7 @@ class Routes:
         return body
 
     async def ledger_audit(self) -> AuditReport:
-        """The audit of the whole ledger (``engine/audit.py``, in a thread), kept
+        """The audit of the whole ledger (``engine/audit/``, in a thread), kept
         until the ledger grows; concurrent callers share one run."""
         async with self._audit_lock:
             tail = await self.host.ledger.last_offset()

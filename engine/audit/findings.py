@@ -1,7 +1,7 @@
 """What ``audit`` found, as data (DESIGN §7 audit, §9 integrity).
 
-The re-derivation (:mod:`quotaledger.engine.audit`) decides and fills these;
-the wording (:mod:`quotaledger.engine.audit_words`) renders them as text or
+The re-derivation (:mod:`quotaledger.engine.audit.decisions`) decides and fills these;
+the wording (:mod:`quotaledger.engine.audit.report`) renders them as text or
 JSON. A :class:`Problem` carries a code and the numbers behind it, never
 prose, so a tool can act on ``code`` and a person reads the rendered words.
 

@@ -1,7 +1,7 @@
 """The wording of ``audit``: findings rendered as text or JSON (DESIGN §7).
 
-:mod:`quotaledger.engine.audit` decides (which decisions are justified, which
-digests match) and records :class:`~quotaledger.engine.audit_findings.Problem`
+:mod:`quotaledger.engine.audit.decisions` decides (which decisions are justified, which
+digests match) and records :class:`~quotaledger.engine.audit.findings.Problem`
 codes with their numbers; this module says it in words. The explanations
 (``why_*``) read the numbers of the state a decision was computed from.
 """
@@ -13,15 +13,15 @@ from typing import Any
 
 from quotaledger.events.model import ClocksObserved, PodUpserted, PreemptionStarted
 from quotaledger.events.quantity import format_amount
-from quotaledger.projections import rfc3339
+from quotaledger.events.times import rfc3339
 from quotaledger.projections.clocks import owed, sampled
 from quotaledger.projections.guard import delay_ms
 from quotaledger.projections.plans import created_text
 from quotaledger.projections.state import ProjectedState
 
-from .audit_findings import AuditReport, DigestCheck, Finding, Problem
-from .core import Timer
-from .render import amounts
+from ..core import Timer
+from ..render import amounts
+from .findings import AuditReport, DigestCheck, Finding, Problem
 
 # ----------------------------------------------------------------- words
 
