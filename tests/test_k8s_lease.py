@@ -174,7 +174,7 @@ async def test_a_candidate_counts_the_lease_from_when_it_saw_it(tmp_path: Path) 
     asked: found by ``bench faults`` (a candidate whose link had stalled for 1.3 s got the
     holder's fresh record late, counted it as 1.3 s old, took the Lease 0.44 s after the
     holder had acquired it, and both drove one eviction: two outcome records)."""
-    from quotaledger.adapters.bench_fault_proxy import FaultProxy
+    from quotaledger.adapters.bench.fault_proxy import FaultProxy
     from quotaledger.adapters.kubernetes.client import connect
 
     async with rig(tmp_path) as r:

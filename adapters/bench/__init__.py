@@ -17,5 +17,10 @@ runs; tests may import it. Modules:
   ``bench k8s`` as a process and by the tests in-process;
 * :mod:`.serve` — the ``serve`` figures: the ``/metrics`` scrape
   (``python -m quotaledger.adapters.bench.serve scrape``) and the load the
-  serve load test drives.
+  serve load test drives;
+* the fault harness of ``bench faults``: :mod:`.faults` (the trials and the
+  command), :mod:`.fault_checks` (the checks and the raw reads),
+  :mod:`.fault_cluster` (the stand-in cluster around the engines),
+  :mod:`.fault_proxy` (the TCP fault proxy), :mod:`.tansu` (the tansu broker and
+  moto S3 processes, which the tests start too).
 """

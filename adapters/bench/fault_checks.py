@@ -117,7 +117,7 @@ class KafkaTap:
     @property
     def records(self) -> list[RawRecord]:
         """The records found so far in offset order, holes left out."""
-        from .ledgers.kafka.walk import value_ts
+        from ..ledgers.kafka.walk import value_ts
 
         out = []
         prev_ts = 0
@@ -135,7 +135,7 @@ class KafkaTap:
 
         from quotaledger.events.ledger import LedgerError
 
-        from .ledgers.kafka.fetch import PartitionFetcher
+        from ..ledgers.kafka.fetch import PartitionFetcher
 
         hole_seen: dict[int, float] = {}
         quiet_since = time.monotonic()

@@ -17,8 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
-from .bench.standin import ApiServer
-from .bench_fault_checks import EvictionPost, decode_json
+from .fault_checks import EvictionPost, decode_json
+from .standin import ApiServer
 
 LEASE = ("coordination.k8s.io", "leases", "quotaledger", "quotaledger")
 NAMESPACE = "team"

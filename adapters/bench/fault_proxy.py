@@ -24,7 +24,7 @@ connection (its local port, as the server sees it) belongs to which proxy
 line left the client (:attr:`FaultProxy.requests`) - when the process behind the proxy sent
 it, not when the server got it.
 
-Nothing here is the engine: it is tooling for the fault harness (:mod:`.bench_faults`).
+Nothing here is the engine: it is tooling for the fault harness (:mod:`.faults`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ storage on a local moto server, so that a broker restart keeps the log):
 
 * 2-3 engines, each a ``quotaledger run LEDGER --kubeconfig ... --executor kubernetes``
   process with shortened Lease timings, against the stand-in API server
-  (:mod:`.bench.standin`) holding nodes, pods, quotas (the quotas.quotaledger.io CRD) and
+  (:mod:`.standin`) holding nodes, pods, quotas (the quotas.quotaledger.io CRD) and
   the settings ConfigMap. The leader's watcher appends what the cluster does; its
   evictions are real HTTP POSTs, answered 201, 404, 409 (uid precondition), 429 or 500;
 * a small controller in this process playing the rest of the cluster: a scheduler binding
@@ -17,7 +17,7 @@ storage on a local moto server, so that a broker restart keeps the log):
   processes; on Kafka also a plain confluent-kafka producer);
 * faults drawn at random (:data:`FAULT_KINDS`): SIGKILL of an engine (then a restart,
   under the same or a new instance name), SIGSTOP of the Lease holder past its Lease then
-  SIGCONT, a TCP fault proxy (:mod:`.bench_fault_proxy`) on each engine's link to the API
+  SIGCONT, a TCP fault proxy (:mod:`.fault_proxy`) on each engine's link to the API
   server and on every link to the broker (tansu advertises the proxy) that delays, stalls
   or cuts connections in the middle of a response, or (on the broker's link) hands out a
   later record batch before an earlier one (:meth:`.FaultProxy.hide_first_batch`, the race
@@ -30,8 +30,8 @@ requests, each record at its partition offset, not the ledger's reader), folded 
 :class:`quotaledger.projections.Projection` only to know which records were accepted and
 which timers were armed; the stand-in server's own record of eviction POSTs and Lease
 writes; the proxies' record of when each request left its engine. Never an engine's view.
-The checks are in :mod:`.bench_fault_checks` (:data:`~.bench_fault_checks.CHECKS`), the
-stand-in server and the cluster around the engines in :mod:`.bench_fault_cluster`; a
+The checks are in :mod:`.fault_checks` (:data:`~.fault_checks.CHECKS`), the
+stand-in server and the cluster around the engines in :mod:`.fault_cluster`; a
 violation is printed as one line with the trial's seed.
 
 ``run_trial`` runs one trial; :func:`main` many (``bench faults``). A trial's seed decides
@@ -65,7 +65,8 @@ from typing import Any
 
 from quotaledger.engine.core import timers
 
-from .bench_fault_checks import (
+from ..ledgers.url import open_ledger
+from .fault_checks import (
     CheckContext,
     KafkaTap,
     RawRecord,
@@ -75,7 +76,7 @@ from .bench_fault_checks import (
     fold,
     read_sqlite,
 )
-from .bench_fault_cluster import (
+from .fault_cluster import (
     Cluster,
     FaultApiServer,
     Scenario,
@@ -83,8 +84,7 @@ from .bench_fault_cluster import (
     draw_scenario,
     now_ms,
 )
-from .bench_fault_proxy import FaultProxy
-from .ledgers.url import open_ledger
+from .fault_proxy import FaultProxy
 
 BACKENDS = ("sqlite", "kafka")
 #: Fault kinds per backend; ``bench faults`` counts how often each was drawn and applied.
@@ -438,7 +438,7 @@ class Environment:
 
     async def __aenter__(self) -> Environment:
         if self.backend == "kafka":
-            from .bench_tansu import Moto, Tansu, free_port
+            from .tansu import Moto, Tansu, free_port
 
             self.moto = await asyncio.to_thread(lambda: Moto().start())
             for storage, env in (("s3", self.moto.tansu_env()), ("memory", None)):

@@ -22,7 +22,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from .bench.kafka import tansu_command
+from .kafka import tansu_command
 
 
 def tansu_binary() -> str:

@@ -41,9 +41,9 @@ def _kafka(args: argparse.Namespace) -> int:
 
 
 def _faults(args: argparse.Namespace) -> int:
-    from .. import bench_faults
+    from ..bench import faults
 
-    return bench_faults.main(args)
+    return faults.main(args)
 
 
 #: Each suite: its runner and its default ``--events`` (None: the suite takes none).
