@@ -36,7 +36,7 @@ import numpy as np
 from quotaledger.events.model import QuotaUpserted
 
 from .columns import KeyColumns, QuotaColumns
-from .derive import _cluster_total, _root_sums
+from .recompute.totals import cluster_total, root_sums
 from .request import terms_for
 from .state import BUILTIN, ROOT, ProjectedState, QuotaNode
 from .tree import flush_sums
@@ -448,8 +448,8 @@ def recompute_arrays(state: ProjectedState) -> bool:
             for key, column in derived[name].items():
                 _scatter(store.columns[key], name, level.rows, column)
     # the cluster total and root's sums, as settle computes them
-    state.cluster_total = _cluster_total(state)
-    _root_sums(state)
+    state.cluster_total = cluster_total(state)
+    root_sums(state)
     _top_down(state, tree, results, keys)
     state.touched.update(quotas)
     state.dirty.clear()
