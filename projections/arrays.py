@@ -23,7 +23,7 @@ bound is past int64 has its columns widened to Python integers first).
 :func:`recompute_arrays` declines (returns False, touching nothing) on a tree it
 does not handle — a quota not reachable from a top (a cycle), or a child under
 a quota that is not a parent, or a cap above 2^62 — and the caller then takes
-the row path (``derive.recompute_all_rows``).
+the row path (``settle.recompute_all_rows``).
 """
 
 from __future__ import annotations
@@ -416,7 +416,7 @@ def _scatter(columns: KeyColumns, name: str, rows: Any, values: Column) -> None:
 
 
 def recompute_arrays(state: ProjectedState) -> bool:
-    """Recompute every derived number, as ``derive.recompute_all`` does; False
+    """Recompute every derived number, as ``settle.recompute_all`` does; False
     (nothing changed) when the tree's shape is one this path declines."""
     tree = _tree_arrays(state)
     if tree is None or any(terms.clipped for terms in tree.terms):

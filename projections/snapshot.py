@@ -25,9 +25,9 @@ import msgspec
 
 from quotaledger.events.model import PodUpserted, QuotaUpserted
 
-from .derive import recompute_all
 from .persisted import FIELDS, PersistedField, StoredState, restore_fields, stored
 from .resources import add_into
+from .settle import recompute_all
 from .state import ProjectedState, QuotaNode
 from .tree import attach_pod, compact, is_active, refresh_connectivity
 

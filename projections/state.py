@@ -3,7 +3,7 @@
 Nothing here does I/O or reads a clock; times are ledger ``ts`` values in
 milliseconds. Derived numbers (request, runtime, available, ...) are
 recomputed lazily: a change marks quotas *dirty*, and
-:func:`quotaledger.projections.derive.settle` brings them up to date before
+:func:`quotaledger.projections.settle.settle` brings them up to date before
 anything reads them.
 """
 

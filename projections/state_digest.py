@@ -59,8 +59,8 @@ from quotaledger.events.model import PodUpserted
 
 from .columns import FIELDS as NUMBER_FIELDS
 from .columns import QuotaColumns
-from .derive import settle
 from .persisted import FIELDS, presorted_rl
+from .settle import settle
 from .state import BUILTIN, ProjectedState, QuotaNode
 
 #: Buckets of a map's digest (a power of two: the bucket is CRC-32 & (BUCKETS - 1)).

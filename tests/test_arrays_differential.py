@@ -28,8 +28,8 @@ from quotaledger.events.model import (
 )
 from quotaledger.projections import Projection, state_json
 from quotaledger.projections.arrays import recompute_arrays
-from quotaledger.projections.derive import recompute_all, recompute_all_rows
 from quotaledger.projections.request import terms_for
+from quotaledger.projections.settle import recompute_all, recompute_all_rows
 from quotaledger.projections.state import ProjectedState
 from quotaledger.projections.view import state_hash
 
