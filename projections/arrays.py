@@ -36,10 +36,10 @@ import numpy as np
 from quotaledger.events.model import QuotaUpserted
 
 from .columns import KeyColumns, QuotaColumns
+from .pods import flush_sums
 from .recompute.totals import cluster_total, root_sums
 from .request import terms_for
 from .state import BUILTIN, ROOT, ProjectedState, QuotaNode
-from .tree import flush_sums
 
 Column = Any  # a 1-D numpy array of Python ints (dtype object)
 
@@ -306,7 +306,7 @@ def _tree_arrays(state: ProjectedState) -> TreeArrays | None:
     """The state's :class:`TreeArrays`, brought up to date (None: a shape this path declines)."""
     cached = state.tree_arrays
     if isinstance(cached, TreeArrays) and cached.version == state.tree_version:
-        # only a numbers-only edit (tree.put_quota) gives a quota another
+        # only a numbers-only edit (quota_tree.put_quota) gives a quota another
         # configuration without changing the shape
         keys = set(cached.keys)
         fresh = True
@@ -423,7 +423,7 @@ def recompute_arrays(state: ProjectedState) -> bool:
         return False
     levels = tree.levels
     quotas = state.quotas
-    # a quota with unflushed pod changes is dirty (tree.mark_dirty)
+    # a quota with unflushed pod changes is dirty (pods.mark_dirty)
     for name in state.dirty:
         node = quotas.get(name)
         if node is not None and (node.sum_log or node.sums_stale):

@@ -22,12 +22,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from .columns import QuotaColumns
+from .pods import flush_sums
 from .recompute.totals import cluster_total, root_children, root_sums
 from .request import Change, apply_changes, recompute_node, terms_for
 from .resources import RL
 from .runtime import distribute
 from .state import BUILTIN, ROOT, ProjectedState, QuotaNode
-from .tree import flush_sums
 
 _TOP_DOWN = ("runtime", "effective_min")
 
@@ -405,7 +405,7 @@ def attach_all(state: ProjectedState) -> None:
     without); rows of quotas the state no longer holds are dropped."""
     columns = state.columns
     quotas = state.quotas
-    # the fold adds quotas to the same dict with their rows (tree.put_quota);
+    # the fold adds quotas to the same dict with their rows (quota_tree.put_quota);
     # a restore installs another dict of quotas without
     if quotas is columns.verified and columns.live == len(quotas):
         return

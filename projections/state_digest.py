@@ -173,7 +173,7 @@ class MapDigest:
 def pod_digest(pod: PodUpserted, quota: str | None) -> bytes:
     """A pod's entry: the pod as the fold keeps it (msgspec JSON) and the quota
     it belongs to (none while it is not active). Its labels and requests have
-    more than ``SMALL_DICT`` keys only sorted (``tree.compact``)."""
+    more than ``SMALL_DICT`` keys only sorted (``pods.compact``)."""
     encoded = _ENCODE(pod)
     if quota is not None:
         encoded += b"\0" + quota.encode()
