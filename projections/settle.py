@@ -385,9 +385,9 @@ def _fits(
 
 def recompute_all(state: ProjectedState) -> None:
     """Recompute everything from the pod sums (snapshot restore, benchmarks), on
-    arrays (:mod:`.arrays`, issue #11); on a tree that path declines, with
+    arrays (:mod:`.recompute.arrays`); on a tree that path declines, with
     :func:`recompute_all_rows`. Both give the same numbers."""
-    from .arrays import recompute_arrays
+    from .recompute.arrays import recompute_arrays  # numpy: loaded on the first full recompute
 
     # the fill below does not go through ``_refill``, which drops the facts of
     # groups whose children's configurations changed: drop them all

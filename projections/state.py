@@ -270,7 +270,7 @@ class ProjectedState:
     free_at_sample: RL = field(default_factory=dict)
     starving_full: bool = True
     # the tree's shape: bumped whenever quotas are added, removed or moved, or
-    # change parent, is_parent or namespaces (``projections.arrays`` keeps its
+    # change parent, is_parent or namespaces (``projections.recompute`` keeps its
     # walk of the tree in ``tree_arrays`` while this stays the same)
     tree_version: int = 0
     tree_arrays: object = None
