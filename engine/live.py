@@ -193,9 +193,13 @@ class LiveEngine:
         while True:
             epoch = self.state.leader_epoch + 1
             try:
-                offset = await self.append_applied(
-                    [LeaderElected(epoch=epoch, instance=self.instance)]
+                claimed = await _unless_stopped(
+                    self.append_applied([LeaderElected(epoch=epoch, instance=self.instance)]),
+                    stop,
                 )
+                if claimed is None:
+                    return  # stopped while the claim was on its way (DESIGN §9's bound)
+                offset = claimed
             except ReadBackError:
                 raise
             except LedgerError as exc:
@@ -263,6 +267,8 @@ class LiveEngine:
                 group.create_task(self._checkpoints(group))
                 if self.election:
                     await self.elect(stop)
+                    if stop.is_set():
+                        raise _Stop
                 if ready is not None:
                     await ready()
                 group.create_task(self._reconcile(group))
@@ -693,3 +699,25 @@ class CatchUpProgress:
 
 class _Stop(Exception):
     """Raised inside the TaskGroup to cancel every task on ``stop``."""
+
+
+async def _unless_stopped(work: Awaitable[int], stop: asyncio.Event | None) -> int | None:
+    """``work``'s result, or None once ``stop`` is set first (``work`` then cancelled): a
+    claim held up by a slow or unreachable ledger must not hold up a stop (DESIGN §9)."""
+    task = asyncio.ensure_future(work)
+    if stop is None:
+        return await task
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        stopper.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None

@@ -274,6 +274,8 @@ class Projection:
         if isinstance(event, LeaderElected):
             return guard.on_leader(state, event)
         if isinstance(event, ClocksObserved):
+            if event.epoch < state.leader_epoch:  # a deposed leader's sample (DECISIONS 223)
+                return f"epoch: stale leader epoch {event.epoch} < {state.leader_epoch}"
             apply_observation(state, event)
             return None
         if isinstance(event, PreemptionStarted):

@@ -511,3 +511,41 @@ def test_the_projection_remembers_who_holds_the_epoch() -> None:
     assert state_hash(restored) == state_hash(state)
     other = led_by(LeaderElected(1, "B"))
     assert state_hash(other) != state_hash(led_by(LeaderElected(1, "A")))
+
+
+class HeldClaims(FailingClaims):
+    """A ledger on which a LeaderElected append is held (a broker that takes a minute to
+    answer): it neither lands nor fails until released."""
+
+    def __init__(self, ledger: SqliteLedger) -> None:
+        super().__init__(ledger, failures=0)
+        self.release = asyncio.Event()
+
+    async def append(self, batch: Sequence[Append]) -> list[int]:
+        if any(b'"LeaderElected"' in item.payload for item in batch):
+            self.attempts.append(time.monotonic())
+            await self.release.wait()
+        return await self.ledger.append(batch)
+
+
+async def test_a_stop_is_not_held_up_by_a_claim_on_its_way(tmp_path: Path) -> None:
+    """DESIGN §9's stop bound holds while an engine's claim is on its way: found by
+    ``bench faults`` (an engine on a Kafka broker that took 70 s to answer after a
+    restart ignored SIGTERM for 35 s). The stop cancels the claim; nothing is appended."""
+    path = tmp_path / "held.db"
+    ledger = await SqliteLedger.open(path, poll_interval=0.01)
+    link = HeldClaims(ledger)
+    engine = LiveEngine(link, SimulateExecutor(), instance="A")  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    try:
+        running = asyncio.create_task(engine.run(stop))
+        await asyncio.wait_for(_until(lambda: bool(link.attempts)), 30)
+        stop.set()
+        stopped = time.monotonic()
+        await asyncio.wait_for(running, 10)
+        assert time.monotonic() - stopped < 1.0
+        assert not engine.is_leader()
+    finally:
+        await ledger.close()
+    claims = [decode_event(r.payload) for r in read_records(path)]
+    assert not [e for e in claims if isinstance(e, LeaderElected)]

@@ -166,3 +166,38 @@ async def test_fifty_failovers_never_two_holders_appending(tmp_path: Path) -> No
         # each holder's appends are contiguous: none appends after its successor began
         assert len(terms) == len(set(terms))
         assert len(terms) >= 50
+
+
+async def test_a_candidate_counts_the_lease_from_when_it_saw_it(tmp_path: Path) -> None:
+    """A candidate judges the holder's record expired only once it has seen it unchanged
+    for the lease duration, counted from when the record *reached* it, not from when it
+    asked: found by ``bench faults`` (a candidate whose link had stalled for 1.3 s got the
+    holder's fresh record late, counted it as 1.3 s old, took the Lease 0.44 s after the
+    holder had acquired it, and both drove one eviction: two outcome records)."""
+    from quotaledger.adapters.bench_fault_proxy import FaultProxy
+    from quotaledger.adapters.kubernetes.client import connect
+
+    async with rig(tmp_path) as r:
+        upstream = int(r.server.url.rsplit(":", 1)[1])
+        proxy = await FaultProxy("127.0.0.1", upstream, http=True).start()
+        direct, r.server.url = r.server.url, f"http://127.0.0.1:{proxy.port}"
+        kubeconfig = r.server.kubeconfig(tmp_path / "b.kubeconfig")
+        r.server.url = direct
+        b_cluster = await connect(str(kubeconfig), False)
+        try:
+            a = elector(r, "a")
+            timing = {"lease_duration_s": 1.0, "renew_deadline_s": 0.6, "retry_period_s": 0.1}
+            b = LeaseElector(b_cluster.coordination, "quotaledger", "quotaledger", "b", **timing)
+            assert await a.try_acquire_or_renew()  # a holds it, then renews no more (paused)
+            proxy.stall(1.3)
+            assert not await b.try_acquire_or_renew()  # a's record reached b 1.3 s late
+            assert not await b.try_acquire_or_renew()  # seen a moment ago: not expired
+            lease = r.server.get(
+                "leases", "quotaledger", "quotaledger", group="coordination.k8s.io"
+            )
+            assert lease["spec"]["holderIdentity"] == "a"
+            await asyncio.sleep(1.1)
+            assert await b.try_acquire_or_renew()  # unchanged for its duration since b saw it
+        finally:
+            await b_cluster.close()
+            await proxy.close()

@@ -40,12 +40,19 @@ def _kafka(args: argparse.Namespace) -> int:
     return bench_kafka.main(args)
 
 
+def _faults(args: argparse.Namespace) -> int:
+    from .. import bench_faults
+
+    return bench_faults.main(args)
+
+
 #: Each suite: its runner and its default ``--events`` (None: the suite takes none).
 SUITES: dict[str, tuple[Callable[[argparse.Namespace], int], int | None]] = {
     "fold": (_fold, 1_000_000),
     "decide": (_decide, 200_000),
     "k8s": (_k8s, None),
     "kafka": (_kafka, 200_000),
+    "faults": (_faults, None),
 }
 
 
@@ -68,7 +75,9 @@ def register(commands: Commands) -> None:
         "  quotaledger bench fold --json --events 200000\n"
         "  quotaledger bench k8s --pods 100000 --nodes 1000 --json\n"
         "  quotaledger bench kafka --json                 # starts tansu\n"
-        "  quotaledger bench kafka --bootstrap 127.0.0.1:9092\n",
+        "  quotaledger bench kafka --bootstrap 127.0.0.1:9092\n"
+        "  quotaledger bench faults --backend kafka --trials 200   # starts tansu and moto\n"
+        "  quotaledger bench faults --seed 1234 --trials 1 --keep /tmp/faults  # one trial again\n",
         formatter_class=raw,
     )
     bench.add_argument(
@@ -77,8 +86,42 @@ def register(commands: Commands) -> None:
         help="fold: decode/fold/recompute/SQLite; decide: deadline-to-eviction latency"
         " under background load, and simulate throughput; k8s: the cluster watcher's list"
         " and churn against the stand-in API server; kafka: the Kafka ledger's"
-        " produce/consume/replay against plain aiokafka and SQLite replay (events: 200000)",
+        " produce/consume/replay against plain aiokafka and SQLite replay (events: 200000);"
+        " faults: randomized fault trials (engines killed and paused, links delayed, stalled"
+        " and cut, broker restarts) with independent checks, one line per violation",
     )
+    bench.add_argument(
+        "--backend",
+        choices=["sqlite", "kafka", "all"],
+        default="sqlite",
+        help="faults: the ledger of the trials (kafka starts tansu on moto s3; default sqlite)",
+    )
+    bench.add_argument(
+        "--trials", type=positive_int, default=10, help="faults: trials to run (default 10)"
+    )
+    bench.add_argument(
+        "--engine-command",
+        metavar="COMMAND",
+        help="faults: the quotaledger command the engines run as, e.g. another build's"
+        " (default: this interpreter's)",
+    )
+    bench.add_argument(
+        "--faults",
+        metavar="KIND,...",
+        help="faults: draw only these kinds (kill, pause, api-delay, api-stall, api-cut,"
+        " broker-delay, broker-stall, broker-cut, broker-reorder, broker-restart; default:"
+        " all of the backend)",
+    )
+    bench.add_argument(
+        "--keep", metavar="DIR", help="faults: keep the files of every trial with a violation here"
+    )
+    bench.add_argument(
+        "--keep-all", action="store_true", help="faults: with --keep, keep every trial's files"
+    )
+    bench.add_argument(
+        "--parallel", type=positive_int, default=1, help="faults: trials at once (default 1)"
+    )
+    bench.add_argument("--verbose", action="store_true", help="faults: each trial's log on stderr")
     bench.add_argument(
         "--churn-rate", type=float, default=1000, help="k8s: pod updates/s (default 1000)"
     )
@@ -142,6 +185,7 @@ def register(commands: Commands) -> None:
         "--seed",
         type=int,
         default=1,
-        help="seed of the workload generator: the same seed, the same events (default 1)",
+        help="seed of the workload generator: the same seed, the same events; faults: the"
+        " first trial's seed, trial i has seed+i (default 1)",
     )
     bench.set_defaults(handler=cmd_bench)

@@ -7,6 +7,13 @@ changes are appended. When the Lease is lost (no renew within ``--renew-deadline
 stopped before any other replica can take the Lease, and the replica waits again. SIGTERM
 stops everything and releases the Lease.
 
+A term's engine appends through :class:`LeaseGatedLedger` and evicts only while the Lease
+is held (DESIGN §12: only the holder appends facts and decisions): a replica paused past its
+Lease and resumed (SIGSTOP, a long GC pause) gets :class:`NotLeader` at its first append
+instead of writing as a zombie, and its term ends. A term also ends when its engine does
+(an error it raised then ends ``run``, releasing the Lease, instead of a holder without an
+engine keeping the Lease).
+
 ``run`` and ``serve`` both call :func:`run_on_cluster`. ``serve`` passes its one engine (its
 reads come from that engine's state, so it lives across terms), a follower that keeps the
 state fresh while the replica does not hold the Lease, and a hook for the start of each term
@@ -22,7 +29,8 @@ import asyncio
 import contextlib
 import logging
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from quotaledger.engine.live import (  # type: ignore[import-untyped,unused-ignore]
@@ -31,7 +39,7 @@ from quotaledger.engine.live import (  # type: ignore[import-untyped,unused-igno
     LogExecutor,
     SimulateExecutor,
 )
-from quotaledger.events.ledger import Ledger
+from quotaledger.events.ledger import Append, Ledger, LedgerError, Record, Snapshot
 
 from .client import Cluster, connect
 from .executor import KubernetesExecutor
@@ -42,12 +50,49 @@ from .watcher import Baseline, ClusterWatcher, LedgerSink, NotLeader, WatchOptio
 log = logging.getLogger("quotaledger.kubernetes")
 
 
-def _executor(args: ClusterOptions, cluster: Cluster, ledger: Ledger) -> Executor:
+def _executor(
+    args: ClusterOptions, cluster: Cluster, ledger: Ledger, may_evict: Callable[[], bool]
+) -> Executor:
     if args.executor == "kubernetes":
-        return KubernetesExecutor(cluster.core, ledger, retry_for_s=args.eviction_retry_for)
+        return KubernetesExecutor(
+            cluster.core, ledger, retry_for_s=args.eviction_retry_for, may_evict=may_evict
+        )
     if args.executor == "log":
         return LogExecutor()
     return SimulateExecutor()
+
+
+@dataclass
+class LeaseGatedLedger:
+    """A ledger whose appends need ``holding()`` (the Lease, DESIGN §12); else
+    :class:`NotLeader`. Reads, snapshots and the ledger itself are the shared ledger's."""
+
+    inner: Ledger
+    holding: Callable[[], bool]
+
+    @property
+    def ledger_id(self) -> str:
+        return self.inner.ledger_id
+
+    async def append(self, batch: Sequence[Append]) -> list[int]:
+        if not self.holding():
+            raise NotLeader("not the lease holder: decisions not appended")
+        return await self.inner.append(batch)
+
+    def read(self, from_offset: int = 0, *, follow: bool = False) -> AsyncIterator[list[Record]]:
+        return self.inner.read(from_offset, follow=follow)
+
+    async def last_offset(self) -> int:
+        return await self.inner.last_offset()
+
+    async def save_snapshot(self, snapshot: Snapshot) -> None:
+        await self.inner.save_snapshot(snapshot)
+
+    async def load_snapshot(self, at_most: int | None = None) -> Snapshot | None:
+        return await self.inner.load_snapshot(at_most)
+
+    async def close(self) -> None:
+        """The shared ledger outlives a term: closed by its owner."""
 
 
 #: runs while the replica waits for the Lease; returns soon after its event is set
@@ -141,17 +186,28 @@ async def _lead(
     engine: LiveEngine | None = None,
     on_term: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """One term: the engine and the watcher, until the Lease is lost or ``stop``."""
+    """One term: the engine and the watcher, until the Lease is lost, the engine ends or
+    ``stop``."""
+    gated = LeaseGatedLedger(ledger, elector.holding)
+    leading: list[LiveEngine] = []
+    given: Ledger | None = None
+
+    def may_evict() -> bool:
+        return elector.holding() and all(e.is_leader() for e in leading)
+
     if engine is None:
         engine = LiveEngine(
-            ledger,
-            _executor(args, cluster, ledger),
+            gated,
+            _executor(args, cluster, ledger, may_evict),
             instance=args.instance,
             election=True,
             snapshot_every=args.snapshot_every,
         )
     else:
-        engine.executor = _executor(args, cluster, ledger)
+        given = engine.ledger
+        engine.ledger = gated
+        engine.executor = _executor(args, cluster, ledger, may_evict)
+    leading.append(engine)
     term_over = asyncio.Event()
     namespace, name = args.settings_configmap.split("/")
     options = WatchOptions(args.quota_source, (namespace, name), args.watch_timeout)
@@ -159,8 +215,8 @@ async def _lead(
 
     async def ready() -> None:
         nonlocal watcher_task
-        if not elector.holding():
-            term_over.set()
+        if term_over.is_set() or not elector.holding():
+            term_over.set()  # the term ended while the engine caught up: no watcher
             return
         watcher = ClusterWatcher(
             cluster.core,
@@ -184,19 +240,42 @@ async def _lead(
 
     guard_task = asyncio.create_task(guard())
     engine_task = asyncio.create_task(engine.run(term_over, ready))
-    try:
-        await term_over.wait()
-    finally:
-        term_over.set()
+    engine_task.add_done_callback(lambda _: term_over.set())
+
+    async def stop_watcher() -> None:
         if watcher_task is not None:
             watcher_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, NotLeader):
                 await watcher_task
-        with contextlib.suppress(asyncio.CancelledError):
-            await engine_task
+
+    try:
+        await term_over.wait()
+    finally:
+        term_over.set()
+        await stop_watcher()
         guard_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await guard_task
+        with contextlib.suppress(asyncio.CancelledError):
+            try:
+                await engine_task
+            except* NotLeader:
+                log.warning("engine %s: the Lease was lost before it noticed", args.instance)
+            except* LedgerError as group:
+                # one clear error (a broker that lost its log), not a group's traceback
+                raise first_error(group) from None
+        await stop_watcher()  # ready() may have started one while the engine stopped
+        if engine.ledger is gated:
+            engine.ledger = given if given is not None else ledger
+
+
+def first_error(group: BaseExceptionGroup[LedgerError]) -> LedgerError:
+    """The first error of a (nested) exception group."""
+    first: BaseException = group
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    assert isinstance(first, LedgerError)
+    return first
 
 
 def _say(text: str) -> None:

@@ -13,7 +13,14 @@ For one accepted eviction:
   backoff, or after ``Retry-After`` when the server gives it, until ``retry_for_s`` after the
   ``EvictionRequested`` record's ts (so a restart or failover never extends it); then
   ``EvictionFailed`` with the server's message;
-* ``403`` and every other answer: ``EvictionFailed`` at once, with the server's message.
+* ``403`` and every other answer: ``EvictionFailed`` at once, with the server's message;
+* before every POST, ``may_evict()`` must hold (on a cluster: this replica holds the Lease
+  and its engine the newest epoch, DESIGN §12), and again at the last moment: once the
+  request has its connection, right before its bytes are written (an aiohttp trace hook on
+  the client's session, :func:`fence_evictions`), since a replica paused while it opened a
+  connection (SIGSTOP, a GC pause) would otherwise send a POST checked seconds earlier. A
+  replica that lost them sends nothing more and appends no outcome: the eviction stays
+  outstanding for the new leader.
 
 Idempotent by ``eviction_id``: the engine drives an eviction once per process, and the
 state check above keeps a restarted engine from evicting a pod that is already gone. The
@@ -27,8 +34,10 @@ import asyncio
 import json
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -46,6 +55,58 @@ log = logging.getLogger("quotaledger.kubernetes")
 
 def wall_clock_s() -> float:
     return time.time()
+
+
+def always() -> bool:
+    return True
+
+
+class EvictionFenced(RuntimeError):
+    """An eviction POST stopped right before it left: this replica may no longer evict."""
+
+
+@dataclass
+class _Fence:
+    may_evict: Callable[[], bool] = always
+
+
+#: one fence per client session (the executor of the current term sets its check)
+_FENCES: weakref.WeakKeyDictionary[Any, _Fence] = weakref.WeakKeyDictionary()
+
+
+def fence_evictions(core: Any, may_evict: Callable[[], bool]) -> None:
+    """Check ``may_evict()`` for every eviction POST of ``core``'s client session once the
+    request holds its connection, just before it is written (module docstring)."""
+    session = getattr(
+        getattr(getattr(core, "api_client", None), "rest_client", None), "pool_manager", None
+    )
+    if not isinstance(session, aiohttp.ClientSession):
+        return
+    fence = _FENCES.get(session)
+    if fence is None:
+        fence = _FENCES[session] = _Fence()
+        session.trace_configs.append(_trace(fence))
+    fence.may_evict = may_evict
+
+
+def _trace(fence: _Fence) -> aiohttp.TraceConfig:
+    async def started(
+        session: aiohttp.ClientSession,
+        ctx: SimpleNamespace,
+        params: aiohttp.TraceRequestStartParams,
+    ) -> None:
+        ctx.eviction = params.method == "POST" and params.url.path.endswith("/eviction")
+
+    async def connected(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: Any) -> None:
+        if getattr(ctx, "eviction", False) and not fence.may_evict():
+            raise EvictionFenced("no longer the leader: the eviction was not sent")
+
+    config = aiohttp.TraceConfig()
+    config.on_request_start.append(started)
+    config.on_connection_reuseconn.append(connected)
+    config.on_connection_create_end.append(connected)
+    config.freeze()
+    return config
 
 
 def server_message(exc: ApiException) -> str:
@@ -78,7 +139,11 @@ class KubernetesExecutor:
     clock_s: Callable[[], float] = wall_clock_s
     backoff_first_s: float = 0.5
     backoff_cap_s: float = 30.0
+    may_evict: Callable[[], bool] = always
     _requested_ts: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        fence_evictions(self.core, self.may_evict)
 
     async def evict(self, eviction: EvictionRun, state: ProjectedState) -> list[Event]:
         run = state.evictions.get(eviction.eviction_id)
@@ -96,8 +161,16 @@ class KubernetesExecutor:
         )
         backoff = Backoff(self.backoff_first_s, self.backoff_cap_s)
         while True:
+            if not self.may_evict():
+                log.info("not evicting %s: no longer the leader", eviction.eviction_id)
+                await asyncio.sleep(self.poll_s)  # the term ends: no busy re-drive meanwhile
+                return []
             try:
                 await self.core.create_namespaced_pod_eviction(pod.name, pod.namespace, body)
+            except EvictionFenced:
+                log.info("not evicting %s: no longer the leader", eviction.eviction_id)
+                await asyncio.sleep(self.poll_s)
+                return []
             except ApiException as exc:
                 status = exc.status or 0
                 message = server_message(exc)

@@ -138,6 +138,9 @@ class LeaseElector:
         duration = math.ceil(self.lease_duration_s)
         try:
             lease = await self._read()
+            # when the record reached this candidate (a late answer only makes it wait
+            # longer; DECISIONS 109, 229), not when it asked
+            seen = self.clock()
             if lease is None:
                 body = {
                     "apiVersion": "coordination.k8s.io/v1",
@@ -165,11 +168,11 @@ class LeaseElector:
             )
             if record != self._observed:
                 self._observed = record
-                self._observed_at = started
+                self._observed_at = seen
             if holder is not None and holder != self.identity:
                 self._renewed_at = None  # someone else holds it: step down at once
                 held_for = spec.get("leaseDurationSeconds") or duration
-                if started - self._observed_at < held_for:
+                if seen - self._observed_at < held_for:
                     return False
             mine = holder == self.identity
             transitions = spec.get("leaseTransitions") or 0

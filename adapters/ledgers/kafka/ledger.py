@@ -54,6 +54,15 @@ __all__ = ["KafkaLedger"]
 log = logging.getLogger("quotaledger.kafka")
 
 
+#: How long closing waits for appends still unacknowledged (then gives them up).
+CLOSE_FLUSH_S = 1.0
+
+
+def _outcome_read(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 class KafkaLedger:
     """A :class:`quotaledger.events.Ledger` in one Kafka partition (DESIGN §10).
 
@@ -157,7 +166,7 @@ class KafkaLedger:
             read_only=read_only,
         )
         try:
-            first = await reads.first_record()
+            first = await reads.first_record(retry_connect=False)
             if first is None:
                 if not create:
                     raise LedgerError(f"{where}: the topic is empty, not a ledger (run init)")
@@ -165,7 +174,7 @@ class KafkaLedger:
                 new_id = ledger_id if ledger_id is not None else uuid.uuid4().hex
                 opened = LedgerOpened(ledger_id=new_id, at=ms_datetime(at))
                 await ledger.append([Append(payload=encode_event(opened), ts=at)])
-                first = await reads.first_record()
+                first = await reads.first_record(retry_connect=False)
                 if first is None:
                     raise LedgerError(f"{where}: LedgerOpened was acknowledged but cannot be read")
             found = opened_id(first, where)
@@ -285,6 +294,8 @@ class KafkaLedger:
             batch, count = self._fill(items, start, now)
             try:
                 future = await self._producer.send_batch(batch, self.topic, partition=0)
+                # its outcome is read even when this append is given up (cancelled)
+                future.add_done_callback(_outcome_read)
                 metadata = await future
                 return int(metadata.offset), count
             except KafkaError as exc:
@@ -356,8 +367,20 @@ class KafkaLedger:
         self._closed = True
         await self.reads.close()
         if self._producer is not None:
-            with contextlib.suppress(Exception):
-                await self._producer.stop()
+            # appends still unacknowledged get a moment to be delivered, no more: a stop
+            # is bounded (DESIGN §9), and such an append's fate is unknown either way,
+            # as after a crash (a reader finds it, or not: DECISIONS 201)
+            stopping = asyncio.ensure_future(self._producer.stop())
+            done, _ = await asyncio.wait({stopping}, timeout=CLOSE_FLUSH_S)
+            if not done:
+                log.warning(
+                    "%s: appends not acknowledged within %.1f s of closing were given up",
+                    self.where,
+                    CLOSE_FLUSH_S,
+                )
+                stopping.cancel()
+            with contextlib.suppress(BaseException):
+                await stopping
         if self._snapshots is not None:
             self._snapshots.close()
 

@@ -132,6 +132,7 @@ class PartitionReads:
         follow: bool,
         check_opened: bool,
         head_only: bool = False,
+        retry_connect: bool = True,
     ) -> AsyncGenerator[list[Record], None]:
         """Records from ``from_offset`` by Fetch requests (:mod:`.fetch`).
 
@@ -140,17 +141,14 @@ class PartitionReads:
         response's end is known), so the broker works while the caller folds.
         ``head_only`` (a look at record 0: open, the idle follower's check) asks
         for :data:`HEAD_FETCH_BYTES` and walks only the first record fetched.
+        ``retry_connect`` False (opening): a broker that cannot be reached is an error
+        at once.
         """
-        fetcher = PartitionFetcher(
-            self.bootstrap,
-            self.topic,
-            self.where,
-            self.client_options,
-            fetch_bytes=HEAD_FETCH_BYTES if head_only else self.fetch_bytes,
+        fetcher = await self._start_fetcher(
+            HEAD_FETCH_BYTES if head_only else self.fetch_bytes,
+            self.read_timeout_s if retry_connect else 0.0,
         )
-        self._fetchers.add(fetcher)
         try:
-            await fetcher.start()
             cursor = _Cursor(self, fetcher, from_offset, follow, check_opened, head_only)
             while not self.closed:
                 fetched = await cursor.answer()
@@ -178,12 +176,41 @@ class PartitionReads:
             self._fetchers.discard(fetcher)
             await fetcher.close()
 
-    async def first_record(self) -> Record | None:
+    async def _start_fetcher(self, fetch_bytes: int, patience_s: float) -> PartitionFetcher:
+        """A connected fetcher. The ledger is open, so a broker that cannot be reached
+        now is one restarting or a link cut for a moment: connecting is tried again, as
+        a failed fetch is, for up to ``patience_s`` (``read_timeout_s``), then the read
+        fails with ``cannot connect`` (DECISIONS 227). Opening the ledger does not wait
+        (``patience_s`` 0): a command whose broker is not there says so at once."""
+        began = time.monotonic()
+        while True:
+            fetcher = PartitionFetcher(
+                self.bootstrap, self.topic, self.where, self.client_options, fetch_bytes=fetch_bytes
+            )
+            self._fetchers.add(fetcher)
+            try:
+                await fetcher.start()
+                return fetcher
+            except LedgerError:
+                self._fetchers.discard(fetcher)
+                await fetcher.close()
+                if self.closed or time.monotonic() - began >= patience_s:
+                    raise
+                log.warning("%s: cannot connect to read; trying again", self.where)
+                await asyncio.sleep(0.5)
+            except BaseException:
+                self._fetchers.discard(fetcher)
+                await fetcher.close()
+                raise
+
+    async def first_record(self, *, retry_connect: bool = True) -> Record | None:
         """Record 0, or None when the partition is empty. Only record 0 is looked at:
         whatever follows it in the first fetch (a hole, a marker, a bad record) is the
         business of the reads that hand it out, after the records before it (§10), so
         a ledger with a hole can still be opened to show the records before it."""
-        reads = self.read(0, follow=False, check_opened=False, head_only=True)
+        reads = self.read(
+            0, follow=False, check_opened=False, head_only=True, retry_connect=retry_connect
+        )
         async with contextlib.aclosing(reads) as batches:
             async for batch in batches:
                 return batch[0]

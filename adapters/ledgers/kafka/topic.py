@@ -49,20 +49,10 @@ async def ensure_topic(
             await admin.start()
         except KafkaError as exc:
             raise LedgerError(f"{where}: cannot connect: {exc}") from None
-        # Existence from the topic list: tansu creates a topic (with 4 partitions)
-        # on a metadata request naming it, which describe_topics sends.
-        exists = topic in await admin.list_topics()
-        partitions = await _partitions(admin, topic) if exists else None
-        if partitions is None:
-            if not create:
-                raise LedgerError(f"{where}: no such topic (create it with `quotaledger init`)")
-            response = await admin.create_topics(
-                [NewTopic(topic, 1, 1, topic_configs=dict(TOPIC_CONFIG))]
-            )
-            for _name, code, message in _topic_errors(response):
-                if code not in (0, 36):  # 36: created meanwhile by someone else
-                    raise LedgerError(f"{where}: cannot create the topic: {message} ({code})")
-            partitions = await _partitions(admin, topic)
+        try:
+            partitions = await _partitions_or_create(admin, topic, create, where)
+        except KafkaError as exc:  # the link lost after connecting: a clear refusal too
+            raise LedgerError(f"{where}: cannot connect: {exc}") from None
         if partitions is not None and partitions != 1:
             raise LedgerError(
                 f"{where}: the topic has {partitions} partitions; a ledger is one partition"
@@ -71,6 +61,26 @@ async def ensure_topic(
     finally:
         with contextlib.suppress(Exception):
             await admin.close()
+
+
+async def _partitions_or_create(admin: Any, topic: str, create: bool, where: str) -> int | None:
+    """The topic's partition count, after creating it (with §10's settings) when missing
+    and ``create``; None when it exists without partitions the broker describes."""
+    # Existence from the topic list: tansu creates a topic (with 4 partitions)
+    # on a metadata request naming it, which describe_topics sends.
+    exists = topic in await admin.list_topics()
+    partitions = await _partitions(admin, topic) if exists else None
+    if partitions is None:
+        if not create:
+            raise LedgerError(f"{where}: no such topic (create it with `quotaledger init`)")
+        response = await admin.create_topics(
+            [NewTopic(topic, 1, 1, topic_configs=dict(TOPIC_CONFIG))]
+        )
+        for _name, code, message in _topic_errors(response):
+            if code not in (0, 36):  # 36: created meanwhile by someone else
+                raise LedgerError(f"{where}: cannot create the topic: {message} ({code})")
+        partitions = await _partitions(admin, topic)
+    return partitions
 
 
 async def _partitions(admin: Any, topic: str) -> int | None:
