@@ -10,7 +10,7 @@ for *refill* (their children's runtime inputs changed). :func:`settle`:
    under every child parent whose own runtime changed as a result.
 
 Every number is read from and written to the quotas' rows of the state's
-columns (:mod:`.columns`, issue #11): per parent segment, in Python over the
+columns (:mod:`.columns`): per parent segment, in Python over the
 rows, no per-quota dict. The result is identical to a full recomputation
 (:func:`recompute_all`).
 """
