@@ -4,8 +4,8 @@ No I/O, no clock, no randomness: the same records in the same order give the
 same state, byte for byte.
 """
 
-from .derive import recompute_all, settle
 from .fold import OutOfOrder, Projection
+from .settle import recompute_all, settle
 from .state import ProjectedState, Settings
 from .state_digest import state_hash
 from .view import state_json

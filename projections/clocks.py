@@ -19,8 +19,8 @@ from bisect import bisect_right
 
 from quotaledger.events.model import ClocksObserved
 
-from .derive import ChangedQuotas, settle, top_quotas
 from .resources import RL
+from .settle import ChangedQuotas, settle, top_quotas
 from .state import BUILTIN, ProjectedState, QuotaNode
 from .timers import TimerIndex
 

@@ -10,7 +10,7 @@ per-quota dict only when asked (views, plans, clocks, the state JSON and the
 hash), so the recomputes never build dicts.
 
 A column is an ``array('q')`` (int64: a Python int per element read, a
-zero-copy numpy view for the full recompute, :mod:`.arrays`) until a value
+zero-copy numpy view for the full recompute, :mod:`.recompute.arrays`) until a value
 does not fit; storing one raises ``OverflowError`` and the whole resource
 turns *wide*: every column of that resource becomes a Python ``list`` of ints
 (exact whatever the size; DESIGN §9 bounds amounts at 2^62, their sums are

@@ -42,12 +42,13 @@ from quotaledger.events.model import (
 
 from . import guard
 from .clocks import apply_observation, release_holds
-from .derive import settle
 from .plans import decrease_target
+from .pods import attach_pod, compact, detach_pod, replace_pod
+from .quota_tree import drop_quota, put_quota
 from .resources import add_into, sub_into
+from .settle import settle
 from .state import ACTIVE_PHASES, ROOT, NodeMeta, ProjectedState, Rejection
 from .state_digest import forget as forget_digests
-from .tree import attach_pod, compact, detach_pod, drop_quota, put_quota, replace_pod
 from .validation import check_remove, check_upsert
 
 _FACTS = frozenset(FACT_TYPES)

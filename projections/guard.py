@@ -25,9 +25,9 @@ from quotaledger.events.model import (
 )
 from quotaledger.events.times import seconds_ms
 
+from .pods import flush_sums
 from .resources import fits
 from .state import FINISHED_KEPT, EvictionOutcome, EvictionRun, PreemptionRun, ProjectedState
-from .tree import flush_sums
 
 _UNLIMITED = float("inf")
 

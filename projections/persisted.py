@@ -21,7 +21,7 @@ hashes with no other change. The stored form follows the field's type:
 
 Every dict in the stored form with more than :data:`SMALL_DICT` keys is sorted
 by us (the snapshot's encoder sorts too, DECISIONS 232): the maps here, and a
-pod's labels and requests (``tree.compact`` keeps large ones sorted).
+pod's labels and requests (``pods.compact`` keeps large ones sorted).
 """
 
 from __future__ import annotations

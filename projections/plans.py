@@ -16,10 +16,10 @@ from quotaledger.events.model import PodUpserted, PreemptionCause
 from quotaledger.events.times import as_utc, epoch_us
 
 from .clocks import owed
-from .derive import settle
+from .quota_tree import ancestors
 from .resources import RL, add_into, largest_remainder, sparse
+from .settle import settle
 from .state import ProjectedState, QuotaNode
-from .tree import ancestors
 
 
 class Victim(msgspec.Struct, frozen=True):

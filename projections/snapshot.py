@@ -25,11 +25,12 @@ import msgspec
 
 from quotaledger.events.model import PodUpserted, QuotaUpserted
 
-from .derive import recompute_all
 from .persisted import FIELDS, PersistedField, StoredState, restore_fields, stored
+from .pods import attach_pod, compact, is_active
+from .quota_tree import refresh_connectivity
 from .resources import add_into
+from .settle import recompute_all
 from .state import ProjectedState, QuotaNode
-from .tree import attach_pod, compact, is_active, refresh_connectivity
 
 FORMAT = 2
 
@@ -124,7 +125,7 @@ class PersistedCopy(msgspec.Struct, frozen=True):
     that follow: each field's container is copied, and each value that the
     projection changes in place is copied too (a preemption's lists, an
     eviction's outcome, the settings). Pods and quota configurations are facts
-    the projection replaces but never changes (``tree.compact`` shrinks a pod
+    the projection replaces but never changes (``pods.compact`` shrinks a pod
     before it is stored): they are shared. ``quotas`` holds each quota's
     configuration, its stored form."""
 

@@ -3,7 +3,7 @@
 Nothing here does I/O or reads a clock; times are ledger ``ts`` values in
 milliseconds. Derived numbers (request, runtime, available, ...) are
 recomputed lazily: a change marks quotas *dirty*, and
-:func:`quotaledger.projections.derive.settle` brings them up to date before
+:func:`quotaledger.projections.settle.settle` brings them up to date before
 anything reads them.
 """
 
@@ -126,7 +126,7 @@ class QuotaNode:
     The numbers live in the state's columns (:class:`.columns.QuotaColumns`;
     DECISIONS 150-152), in row ``row``: ``pod_request``/``pod_used`` are Σ requests of
     the quota's active pods (unmasked; used only for pods with a node, §8
-    rule 12) once :func:`quotaledger.projections.tree.flush_sums` has run
+    rule 12) once :func:`quotaledger.projections.pods.flush_sums` has run
     (``settle`` does); the derived ones (request, limited_request, used,
     subtree, local, usage, effective_min, runtime) are valid after ``settle``.
     Each reads as a fresh sparse dict.
@@ -139,7 +139,7 @@ class QuotaNode:
     namespaces: dict[str, int] = field(default_factory=dict)
     # in-place pod changes not yet in the sums: (old requests, new requests,
     # old bound, new bound); or, once longer than the pods, ``sums_stale``
-    # (rebuild from the pods). See tree.flush_sums.
+    # (rebuild from the pods). See pods.flush_sums.
     sum_log: list[tuple[RL, RL, bool, bool]] = field(default_factory=list)
     sums_stale: bool = False
     connected: bool = True
@@ -270,7 +270,7 @@ class ProjectedState:
     free_at_sample: RL = field(default_factory=dict)
     starving_full: bool = True
     # the tree's shape: bumped whenever quotas are added, removed or moved, or
-    # change parent, is_parent or namespaces (``projections.arrays`` keeps its
+    # change parent, is_parent or namespaces (``projections.recompute`` keeps its
     # walk of the tree in ``tree_arrays`` while this stays the same)
     tree_version: int = 0
     tree_arrays: object = None

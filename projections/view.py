@@ -7,9 +7,9 @@ from typing import Any
 from quotaledger.events.times import rfc3339
 
 from .available import NumberReader, reported_available
-from .derive import settle
 from .fair_share import fair_shares, namespace_usage
 from .resources import RL, sparse
+from .settle import settle
 from .state import DEFAULT, SYSTEM, NamespaceUsage, ProjectedState, QuotaNode
 from .state_digest import state_hash
 

@@ -5,7 +5,7 @@ moved into columns (DECISIONS 153: kept as the reference, in the tests only).
 tree, active pods and their quotas, nodes, settings), every number the
 projection keeps per quota, quota by quota on sparse dicts (DESIGN §5
 "Request and used", "Runtime", "Available"; §8 rules 1, 2, 10, 16): the same
-rules as ``projections.request``/``runtime``/``derive`` were written before,
+rules as ``projections.request``/``runtime``/``settle`` were written before,
 with nothing shared with the column code but the configuration constants
 (``Terms``) and the water-fill of ``projections.resources``.
 """

@@ -57,7 +57,7 @@ SAMPLING = {
     "timer_index",
     "owing_index",
 }
-#: The array recompute's walk of the tree and its version (``projections.arrays``):
+#: The array recompute's walk of the tree and its version (``projections.recompute``):
 #: a cache, rebuilt when missing, not part of what a state is.
 TREE_CACHE = {"tree_version", "tree_arrays", "sorted_children", "reconfigured", "finished_order"}
 #: Where the quotas' numbers are stored (``projections.columns``): compared

@@ -1,5 +1,5 @@
 """The quotas' numbers in columns (``projections.columns``), computed on arrays
-(``projections.arrays``, the full recompute) and on rows (``settle``, the
+(``projections.recompute``, the full recompute) and on rows (``settle``, the
 incremental path and the full recompute's fallback), against the per-quota
 dictionary recompute they replaced, kept here as the reference
 (:mod:`tests.dict_reference`; DECISIONS 153): every derived field and pod
@@ -27,9 +27,9 @@ from quotaledger.events.model import (
     SettingsChanged,
 )
 from quotaledger.projections import Projection, state_json
-from quotaledger.projections.arrays import recompute_arrays
-from quotaledger.projections.derive import recompute_all, recompute_all_rows
+from quotaledger.projections.recompute.arrays import recompute_arrays
 from quotaledger.projections.request import terms_for
+from quotaledger.projections.settle import recompute_all, recompute_all_rows
 from quotaledger.projections.state import ProjectedState
 from quotaledger.projections.view import state_hash
 
@@ -331,10 +331,10 @@ def test_products_past_int64_divide_exactly(rows: tuple[list[int], list[int], li
     fallback) is exactly ⌊l·r/d⌋ with its remainder."""
     import numpy as np
 
-    from quotaledger.projections.arrays import _mul_divmod
+    from quotaledger.projections.recompute.exact import mul_divmod
 
     lefts, rights, divisors = rows
-    quotient, remainder = _mul_divmod(
+    quotient, remainder = mul_divmod(
         np.array(lefts, dtype=np.int64),
         np.array(rights, dtype=np.int64),
         np.array(divisors, dtype=np.int64),
@@ -350,7 +350,7 @@ def test_the_float_estimate_is_corrected_both_ways() -> None:
 
     import numpy as np
 
-    from quotaledger.projections.arrays import _estimate_divmod
+    from quotaledger.projections.recompute.exact import estimate_divmod
 
     rng = random.Random(11)
     divisors = [rng.randrange(2**55, MAX) for _ in range(4000)]
@@ -361,7 +361,7 @@ def test_the_float_estimate_is_corrected_both_ways() -> None:
     exact = [a * b // d for a, b, d in zip(lefts, rights, divisors, strict=True)]
     assert (estimate > np.array(exact, dtype=float)).any()
     assert (estimate < np.array(exact, dtype=float)).any()
-    corrected = _estimate_divmod(left, right, divisor)
+    corrected = estimate_divmod(left, right, divisor)
     assert corrected is not None
     assert corrected[0].tolist() == exact
     assert corrected[1].tolist() == [

@@ -1,5 +1,5 @@
 """A settle with many dirty quotas recomputes everything on arrays
-(``derive.settle``, DECISIONS 193) instead of along the dirty paths: the same
+(``settle.settle``, DECISIONS 193) instead of along the dirty paths: the same
 numbers, the same state JSON and hash, and the same decisions. The switch is
 forced here (``BULK_MIN_QUOTAS`` 0: any settle with a dirty quota goes the
 bulk way) and compared with the paths-only settle on generated histories
@@ -11,6 +11,7 @@ quota that did not change leaves its clock as it was."""
 from __future__ import annotations
 
 import copy
+import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -18,44 +19,48 @@ from typing import Any
 from hypothesis import Phase, find, given, settings
 
 from quotaledger.events.model import Event, NodeUpserted, PodUpserted, QuotaUpserted
-from quotaledger.projections import derive, state_json
+from quotaledger.projections import state_json
 from quotaledger.projections.view import state_hash
 
 from .dict_reference import projected, reference
 from .scenarios import engine_facts, engine_run, fold, histories
 
+#: The settle module (``projections.settle`` is the package's name for its
+#: function, so the module is taken from the import system).
+settling = importlib.import_module("quotaledger.projections.settle")
+
 
 @contextmanager
 def full_recomputes() -> Iterator[list[int]]:
     """Counts the full recomputes ``settle`` starts meanwhile."""
-    original = derive.recompute_all
+    original = settling.recompute_all
     calls: list[int] = []
 
     def counted(state: Any) -> None:
         calls.append(1)
         original(state)
 
-    derive.recompute_all = counted  # type: ignore[assignment]
+    settling.recompute_all = counted  # type: ignore[assignment]
     try:
         yield calls
     finally:
-        derive.recompute_all = original
+        settling.recompute_all = original
 
 
 @contextmanager
 def bulk(always: bool) -> Iterator[list[int]]:
     """Every settle with a dirty quota in bulk (``always``), or never; yields
     the count of full recomputes meanwhile."""
-    saved = derive.BULK_MIN_QUOTAS, derive.BULK_FRACTION
+    saved = settling.BULK_MIN_QUOTAS, settling.BULK_FRACTION
     if always:
-        derive.BULK_MIN_QUOTAS, derive.BULK_FRACTION = 0, 10**9
+        settling.BULK_MIN_QUOTAS, settling.BULK_FRACTION = 0, 10**9
     else:
-        derive.BULK_MIN_QUOTAS = 10**9
+        settling.BULK_MIN_QUOTAS = 10**9
     try:
         with full_recomputes() as calls:
             yield calls
     finally:
-        derive.BULK_MIN_QUOTAS, derive.BULK_FRACTION = saved
+        settling.BULK_MIN_QUOTAS, settling.BULK_FRACTION = saved
 
 
 @settings(max_examples=150, deadline=None)
@@ -118,7 +123,7 @@ def test_an_engine_run_that_preempts_and_settles_in_bulk_writes_the_same_ledger(
 def test_many_dirty_quotas_of_a_big_tree_settle_in_bulk() -> None:
     """The default switch: a tree of ``BULK_MIN_QUOTAS`` quotas or more with at
     least one in ``BULK_FRACTION`` dirty goes the bulk way, fewer do not."""
-    leaves = derive.BULK_MIN_QUOTAS
+    leaves = settling.BULK_MIN_QUOTAS
     projection = fold(
         [
             NodeUpserted(name="n", allocatable={"cpu": 10**6}),
@@ -128,7 +133,7 @@ def test_many_dirty_quotas_of_a_big_tree_settle_in_bulk() -> None:
     state = projection.state
     with bulk(always=False) as calls:
         state_json(state)  # settled along the paths: every quota new
-    share = len(state.quotas) // derive.BULK_FRACTION
+    share = len(state.quotas) // settling.BULK_FRACTION
     for i, count in ((1, 1), (2, share - 1), (3, share + 1)):
         events = [
             PodUpserted(uid=f"p{i}-{j}", name="p", namespace=f"q{j:05}", requests={"cpu": i})
@@ -140,4 +145,4 @@ def test_many_dirty_quotas_of_a_big_tree_settle_in_bulk() -> None:
         expected = state_json(copy.deepcopy(state))  # a copy settled the default way
         with full_recomputes() as calls:
             assert state_json(state) == expected
-        assert bool(calls) == (before * derive.BULK_FRACTION >= len(state.quotas)), before
+        assert bool(calls) == (before * settling.BULK_FRACTION >= len(state.quotas)), before

@@ -2,12 +2,13 @@
 group: Σ of its children's mins, whether they are all weighted; the top
 quotas; the quotas that owe, for reclaim) and skips fills whose result it
 knows (DECISIONS 250). Whatever mix
-of path settles and full recomputes (``derive.settle``'s bulk switch, a
+of path settles and full recomputes (``settle.settle``'s bulk switch, a
 snapshot restore) a state goes through, its numbers equal the dictionary
 reference after every event."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -15,22 +16,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quotaledger.events.model import Event
-from quotaledger.projections import derive
 from quotaledger.projections.clocks import is_owing, owing_quotas
 
 from .dict_reference import projected, reference
 from .scenarios import fold, histories
 
+#: The settle module (``projections.settle`` is the package's name for its
+#: function, so the module is taken from the import system).
+settling = importlib.import_module("quotaledger.projections.settle")
+
 
 @contextmanager
 def bulk(on: bool) -> Iterator[None]:
     """Force the next settles to recompute everything (``on``) or to walk the paths."""
-    saved = derive.BULK_MIN_QUOTAS, derive.BULK_FRACTION
-    derive.BULK_MIN_QUOTAS, derive.BULK_FRACTION = (0, 10**9) if on else (10**9, 1)
+    saved = settling.BULK_MIN_QUOTAS, settling.BULK_FRACTION
+    settling.BULK_MIN_QUOTAS, settling.BULK_FRACTION = (0, 10**9) if on else (10**9, 1)
     try:
         yield
     finally:
-        derive.BULK_MIN_QUOTAS, derive.BULK_FRACTION = saved
+        settling.BULK_MIN_QUOTAS, settling.BULK_FRACTION = saved
 
 
 @settings(max_examples=150, deadline=None)

@@ -39,7 +39,7 @@ from quotaledger.events.model import (
     QuotaRemoved,
     QuotaUpserted,
 )
-from quotaledger.projections import Projection, state_digest
+from quotaledger.projections import Projection, number_digest
 from quotaledger.projections.snapshot import dump, load
 from quotaledger.projections.state_digest import (
     MapDigest,
@@ -57,12 +57,12 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 @contextlib.contextmanager
 def numpy_rows(fast: bool) -> Iterator[None]:
     """Read and compare the number rows on numpy (any size) or in Python only."""
-    before = state_digest.NUMPY_ROWS
-    state_digest.NUMPY_ROWS = 0 if fast else 1 << 40
+    before = number_digest.NUMPY_ROWS
+    number_digest.NUMPY_ROWS = 0 if fast else 1 << 40
     try:
         yield
     finally:
-        state_digest.NUMPY_ROWS = before
+        number_digest.NUMPY_ROWS = before
 
 
 def assert_incremental_is_full(projection: Projection) -> str:

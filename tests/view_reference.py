@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from quotaledger.projections.available import reported_available
-from quotaledger.projections.derive import settle
 from quotaledger.projections.resources import RL, add_into, masked, sparse, water_fill
+from quotaledger.projections.settle import settle
 from quotaledger.projections.state import (
     NamespaceUsage,
     ProjectedState,

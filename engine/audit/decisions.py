@@ -60,8 +60,8 @@ from quotaledger.events.model import (
 )
 from quotaledger.events.times import rfc3339
 from quotaledger.projections import Projection, state_hash
-from quotaledger.projections.derive import settle
 from quotaledger.projections.plans import Plan, Victim
+from quotaledger.projections.settle import settle
 from quotaledger.projections.state import FINISHED_KEPT
 
 from ..core import EngineCore

@@ -10,7 +10,7 @@ for *refill* (their children's runtime inputs changed). :func:`settle`:
    under every child parent whose own runtime changed as a result.
 
 Every number is read from and written to the quotas' rows of the state's
-columns (:mod:`.columns`, issue #11): per parent segment, in Python over the
+columns (:mod:`.columns`): per parent segment, in Python over the
 rows, no per-quota dict. The result is identical to a full recomputation
 (:func:`recompute_all`).
 """
@@ -22,11 +22,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from .columns import QuotaColumns
+from .pods import flush_sums
+from .recompute.totals import cluster_total, root_children, root_sums
 from .request import Change, apply_changes, recompute_node, terms_for
 from .resources import RL
 from .runtime import distribute
-from .state import BUILTIN, DEFAULT, ROOT, SYSTEM, ProjectedState, QuotaNode
-from .tree import flush_sums
+from .state import BUILTIN, ROOT, ProjectedState, QuotaNode
 
 _TOP_DOWN = ("runtime", "effective_min")
 
@@ -188,7 +189,7 @@ def _settle_paths(state: ProjectedState) -> None:
                             for i in range(4):
                                 sums[i] += change[i]
     if state.total_dirty:
-        total = _cluster_total(state)
+        total = cluster_total(state)
         before = state.cluster_total
         if total != before:
             partial.setdefault(ROOT, set()).update(
@@ -198,56 +199,8 @@ def _settle_paths(state: ProjectedState) -> None:
             root_changed = True
         state.total_dirty = False
     if root_changed or ROOT in state.refill:
-        _root_sums(state)
+        root_sums(state)
     _refill(state, moves)
-
-
-def _cluster_total(state: ProjectedState) -> RL:
-    """Σ allocatable − used of system and default, floored at 0 (§8 rule 16)."""
-    store = state.columns
-    system, default = state.quotas[SYSTEM].row, state.quotas[DEFAULT].row
-    out: RL = {}
-    for key, value in state.allocatable.items():
-        columns = store.columns.get(key)
-        if columns is not None:
-            value -= columns.used[system] + columns.used[default]
-        if value > 0:
-            out[key] = value
-    return out
-
-
-def _root_children(state: ProjectedState) -> list[QuotaNode]:
-    out = [
-        state.quotas[name]
-        for name in sorted(state.children(ROOT))
-        if name not in BUILTIN and state.quotas[name].connected
-    ]
-    for child in out:
-        if child.store is not state.columns:
-            state.attach(child)
-    return out
-
-
-def _root_sums(state: ProjectedState) -> None:
-    rows = [child.row for child in _root_children(state)]
-    subtree: RL = {}
-    usage: RL = {}
-    for columns in state.columns.by_key:
-        subtree_col, local_col, usage_col = columns.subtree, columns.local, columns.usage
-        contributed = 0
-        charged = 0
-        for row in rows:
-            local = local_col[row]
-            contributed += subtree_col[row] - local
-            over = usage_col[row] - local
-            if over > 0:
-                charged += over
-        if contributed:
-            subtree[columns.key] = contributed
-        if charged:
-            usage[columns.key] = charged
-    state.root_subtree = subtree
-    state.root_usage = usage
 
 
 class _Moves:
@@ -298,7 +251,7 @@ def _refill(state: ProjectedState, moves: _Moves | None = None) -> None:
         done.add(name)
         total: RL | int
         if name == ROOT:
-            total, children = state.cluster_total, _root_children(state)
+            total, children = state.cluster_total, root_children(state)
         else:
             node = quotas[name]
             if not node.config.is_parent:
@@ -432,9 +385,9 @@ def _fits(
 
 def recompute_all(state: ProjectedState) -> None:
     """Recompute everything from the pod sums (snapshot restore, benchmarks), on
-    arrays (:mod:`.arrays`, issue #11); on a tree that path declines, with
+    arrays (:mod:`.recompute.arrays`); on a tree that path declines, with
     :func:`recompute_all_rows`. Both give the same numbers."""
-    from .arrays import recompute_arrays
+    from .recompute.arrays import recompute_arrays  # numpy: loaded on the first full recompute
 
     # the fill below does not go through ``_refill``, which drops the facts of
     # groups whose children's configurations changed: drop them all
@@ -452,7 +405,7 @@ def attach_all(state: ProjectedState) -> None:
     without); rows of quotas the state no longer holds are dropped."""
     columns = state.columns
     quotas = state.quotas
-    # the fold adds quotas to the same dict with their rows (tree.put_quota);
+    # the fold adds quotas to the same dict with their rows (quota_tree.put_quota);
     # a restore installs another dict of quotas without
     if quotas is columns.verified and columns.live == len(quotas):
         return

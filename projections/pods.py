@@ -1,8 +1,12 @@
-"""The quota tree and pod association (DESIGN §5 Tree, §8 rules 7, 10-12).
+"""Pods and the quotas they belong to (DESIGN §5 Tree, §8 rules 7, 11-12).
 
-Only this module moves pods between quotas or changes the tree's shape, and it
-keeps the per-quota pod sums exact: a quota's ``pod_request`` is always the Σ
-requests of the active pods associated with it.
+Only this module moves pods between quotas, and it keeps the per-quota pod
+sums exact: a quota's ``pod_request`` is always the Σ requests of the active
+pods associated with it (once :func:`flush_sums` has run), ``pod_used`` of
+those with a node. It also keeps the indexes that find a pod again (by
+namespace, by ``quota`` field, the Pending pods for the starvation clocks)
+and shrinks a pod to what the projection keeps (:func:`compact`). The tree's
+shape is :mod:`.quota_tree`'s.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 from sys import intern
 
-from quotaledger.events.model import PodUpserted, QuotaUpserted
+from quotaledger.events.model import PodUpserted
 
 from .persisted import SMALL_DICT
 from .resources import RL, add_into
@@ -20,7 +24,6 @@ from .state import (
     ACTIVE_PHASES,
     BUILTIN,
     DEFAULT,
-    ROOT,
     SYSTEM,
     ProjectedState,
     QuotaNode,
@@ -176,9 +179,9 @@ def detach_pod(state: ProjectedState, pod: PodUpserted) -> None:
     """Undo :func:`attach_pod` for a pod that was active."""
     uid = pod.uid
     name = state.pod_quota.pop(uid)
-    _discard(state.namespace_pods, pod.namespace, uid)
+    discard_member(state.namespace_pods, pod.namespace, uid)
     if pod.quota is not None:
-        _discard(state.field_pods, pod.quota, uid)
+        discard_member(state.field_pods, pod.quota, uid)
     node = state.quotas[name]
     node.pods.discard(uid)
     counts = node.namespaces
@@ -277,7 +280,7 @@ def _reindex_pending(state: ProjectedState, uid: str, old: RL, new: RL) -> None:
 def _unindex_pending(state: ProjectedState, name: str, uid: str, requests: RL) -> None:
     """Undo :func:`_index_pending`."""
     state.pending_pods.discard(uid)
-    _discard(state.pending_by_quota, name, uid)
+    discard_member(state.pending_by_quota, name, uid)
     for key, value in requests.items():
         if value > 0:
             buckets = state.pending_index[key]
@@ -297,10 +300,11 @@ def _unindex_pending(state: ProjectedState, name: str, uid: str, requests: RL) -
         state.touched_pods.discard(uid)
 
 
-def _discard(index: dict[str, set[str]], key: str, uid: str) -> None:
+def discard_member(index: dict[str, set[str]], key: str, member: str) -> None:
+    """Remove ``member`` from ``index[key]``, and the key once its set is empty."""
     members = index.get(key)
     if members is not None:
-        members.discard(uid)
+        members.discard(member)
         if not members:
             del index[key]
 
@@ -322,111 +326,3 @@ def reassociate(
             detach_pod(state, pod)
             attach_pod(state, pod)
             state.hash_pods.add(uid)  # its entry holds its quota (state_digest)
-
-
-def refresh_connectivity(state: ProjectedState, name: str) -> None:
-    """Recompute ``connected`` and ``depth`` for ``name``'s subtree (§8 rule 10):
-    a quota is connected when its chain of parents reaches root."""
-    node = state.quotas[name]
-    parent = node.config.parent
-    if parent == ROOT:
-        connected, depth = True, 1
-    elif parent in state.quotas:
-        above = state.quotas[parent]
-        connected, depth = above.connected, above.depth + 1
-    else:
-        connected, depth = False, 1
-    stack = [(name, connected, depth)]
-    while stack:
-        current, connected, depth = stack.pop()
-        node = state.quotas[current]
-        node.connected, node.depth = connected, depth
-        mark_dirty(state, current)
-        state.hash_quotas.add(current)
-        state.refill.add(current)
-        for child in state.children(current):
-            stack.append((child, connected, depth + 1))
-
-
-def put_quota(state: ProjectedState, config: QuotaUpserted) -> QuotaUpserted | None:
-    """Install a validated configuration; return the previous one.
-
-    Keeps the parent index, namespace claims and pod association in step, and
-    marks the old and new paths dirty.
-    """
-    name = config.name
-    node = state.quotas.get(name)
-    previous = node.config if node is not None else None
-    state.hash_quotas.add(name)
-    if (
-        node is not None
-        and node.config.parent == config.parent
-        and node.config.is_parent == config.is_parent
-        and node.config.namespaces == config.namespaces
-    ):
-        # Same place in the tree and same claims: connectivity, depth and every
-        # pod's association (rule 7) stay as they are; only numbers move.
-        node.config = config
-        state.reconfigured.add(name)
-        mark_dirty(state, name)
-        state.refill.add(name)
-        _mark_parent_refill(state, config.parent)
-        return previous
-    state.tree_version += 1
-    if node is None:
-        node = state.quotas[name] = QuotaNode(config=config)
-        state.attach(node)
-    else:
-        if previous is not None and previous.parent != config.parent:
-            _discard(state.children_of, previous.parent, name)
-            _mark_parent_refill(state, previous.parent)
-        node.config = config
-    state.children_of.setdefault(config.parent, set()).add(name)
-    old_namespaces = previous.namespaces if previous is not None else []
-    for ns in old_namespaces:
-        if state.namespace_claims.get(ns) == name:
-            del state.namespace_claims[ns]
-    for ns in config.namespaces:
-        state.namespace_claims[ns] = name
-    refresh_connectivity(state, name)
-    _mark_parent_refill(state, config.parent)
-    reassociate(state, {name, *old_namespaces, *config.namespaces}, {name})
-    return previous
-
-
-def drop_quota(state: ProjectedState, name: str) -> None:
-    """Remove a validated-removable quota (no children, no pods)."""
-    node = state.quotas.pop(name)
-    state.tree_version += 1
-    state.hash_quotas.add(name)
-    if node.store is state.columns:
-        state.columns.release_row(node.row)
-        node.store = None
-    _discard(state.children_of, node.config.parent, name)
-    for ns in node.config.namespaces:
-        if state.namespace_claims.get(ns) == name:
-            del state.namespace_claims[ns]
-    _mark_parent_refill(state, node.config.parent)
-    state.reconfigured.discard(name)
-    state.decrease_deadlines.pop(name, None)
-    state.owing_since.pop(name, None)
-    state.owing_held.discard(name)
-    reassociate(state, {name, *node.config.namespaces}, {name})
-
-
-def _mark_parent_refill(state: ProjectedState, parent: str) -> None:
-    if parent == ROOT:
-        state.refill.add(ROOT)
-    elif parent in state.quotas:
-        mark_dirty(state, parent)
-        state.refill.add(parent)
-
-
-def ancestors(state: ProjectedState, name: str) -> list[str]:
-    """Existing ancestors of a quota, nearest first (root excluded)."""
-    out: list[str] = []
-    parent = state.quotas[name].config.parent
-    while parent != ROOT and parent in state.quotas and parent not in out:
-        out.append(parent)
-        parent = state.quotas[parent].config.parent
-    return out
