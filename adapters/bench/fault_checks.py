@@ -4,6 +4,9 @@ the stand-in API server's record of eviction POSTs and Lease writes, and on ``au
 
 Nothing here believes an engine: :class:`quotaledger.projections.Projection` folds the raw
 records only to say which were accepted and which timers were armed where.
+
+Longer than 600 lines (barely): every check reads the same raw records and stand-in log;
+kept together so each invariant's code sits next to its siblings'.
 """
 
 from __future__ import annotations

@@ -37,6 +37,11 @@ violation is printed as one line with the trial's seed.
 ``run_trial`` runs one trial; :func:`main` many (``bench faults``). A trial's seed decides
 everything drawn (the scenario, the faults, their times and targets); the machine's timing
 decides the rest, so a failing seed is re-run with ``--seed SEED --trials 1`` to look again.
+
+Longer than 600 lines: one trial is one story (processes, the controller playing the
+cluster, the fault schedule, the stops) told in order; its checks (:mod:`.fault_checks`),
+cluster (:mod:`.fault_cluster`) and proxy (:mod:`.fault_proxy`) are already apart. Splitting
+the trial runner itself further is a known follow-up.
 """
 
 from __future__ import annotations

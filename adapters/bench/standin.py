@@ -26,6 +26,10 @@ The test drives the cluster in-process (:meth:`ApiServer.put`, :meth:`delete`,
 quotaledger.adapters.bench.standin --pods N --nodes M --url-file F`` runs it as a process
 with a generated cluster and a churn generator (``POST /bench/churn?rate=R&seconds=S``),
 for the benchmark.
+
+Longer than 600 lines: it is one protocol (list/watch, 410, bookmarks, eviction, Lease
+concurrency, discovery and OpenAPI documents) served by one application; the pieces share
+the object store and its resourceVersion.
 """
 
 from __future__ import annotations
