@@ -169,7 +169,7 @@ def _starving_changes(
     settled state. Only pods that changed, pods of quotas whose numbers
     changed, and pods whose coverage by free capacity may have flipped are
     re-checked; the result equals checking every pending pod
-    (tests/test_clocks.py). Kept only while ``reclaim_enabled``: without it
+    (tests/projections/test_clocks.py). Kept only while ``reclaim_enabled``: without it
     every clock stops."""
     clocks = state.starving_since
     if not state.settings.reclaim_enabled:

@@ -30,7 +30,7 @@ compared or re-derived when looked at:
   restore) are compared, and any difference rebuilds the index.
 
 The result equals :func:`all_timers`, a full listing of the state
-(tests/test_timer_index.py checks it after every record of engine-made
+(tests/projections/test_timer_index.py checks it after every record of engine-made
 histories). Nothing here depends on set or dict iteration order: entries are
 totally ordered tuples.
 """

@@ -1,4 +1,5 @@
-"""Helper process for tests/test_sqlite_ledger.py: append to a SQLite ledger in a loop.
+"""Helper process for tests/adapters/ledgers/test_sqlite_ledger.py: append to a SQLite
+ledger in a loop.
 
     python tests/crash_writer.py PATH TAG SEED [--workers K] [--batches N] [--ledger-id ID]
                                                [--wait-go]

@@ -1,4 +1,4 @@
-"""A deterministic corpus of ``simulate`` inputs (tests/test_simulate_identical.py).
+"""A deterministic corpus of ``simulate`` inputs (tests/engine/test_simulate_identical.py).
 
 Each case is a list of ``(ts, payload)`` fact lines built from
 ``random.Random(seed).random()`` alone: that method's sequence is the one part
