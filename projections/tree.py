@@ -148,26 +148,26 @@ def flush_sums(state: ProjectedState, node: QuotaNode) -> None:
         # A resized pod bound before and after (the common entry) moves both
         # columns by the same difference, kept once in ``both``.
         both: RL = {}
-        request: RL = {}
-        used: RL = {}
+        request_delta: RL = {}
+        used_delta: RL = {}
         for old, new, was_bound, bound in node.sum_log:
             if old is not new:
                 if was_bound and bound:
                     _difference_into(both, old, new)
                     continue
-                _difference_into(request, old, new)
+                _difference_into(request_delta, old, new)
             if was_bound:
                 for key, value in old.items():
-                    used[key] = used.get(key, 0) - value
+                    used_delta[key] = used_delta.get(key, 0) - value
             if bound:
                 for key, value in new.items():
-                    used[key] = used.get(key, 0) + value
+                    used_delta[key] = used_delta.get(key, 0) + value
         node.sum_log.clear()
         for name, delta in (
             ("pod_request", both),
             ("pod_used", both),
-            ("pod_request", request),
-            ("pod_used", used),
+            ("pod_request", request_delta),
+            ("pod_used", used_delta),
         ):
             if delta:
                 store.add(name, row, delta, +1)
