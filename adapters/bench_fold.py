@@ -72,7 +72,7 @@ from quotaledger.projections import Projection, recompute_all
 from quotaledger.projections.snapshot import dump
 from quotaledger.projections.state_digest import forget, full_state_hash, state_hash
 
-from .sqlite_ledger import SqliteLedger
+from .ledgers.sqlite.ledger import SqliteLedger
 from .workload import BASE_TS, Clock, Workload, generate
 
 REPLAY_EVENTS = 10_000_000

@@ -43,7 +43,9 @@ from quotaledger.engine.fold_loop import fold
 from quotaledger.events.ledger import Append, Record
 from quotaledger.projections import Projection
 
-from .kafka_ledger import FETCH_BYTES, KafkaLedger, producer_settings
+from .ledgers.kafka.fetch import FETCH_BYTES
+from .ledgers.kafka.ledger import KafkaLedger
+from .ledgers.kafka.topic import producer_settings
 
 TARGET_LEDGER_VS_RAW = 0.7
 TARGET_REPLAY_VS_SQLITE = 0.9
@@ -193,7 +195,7 @@ async def _ledger(
 
 
 async def _sqlite_replay(records: Sequence[Record], directory: str, round_: int) -> float:
-    from .sqlite_ledger import SqliteLedger
+    from .ledgers.sqlite.ledger import SqliteLedger
 
     ledger = await SqliteLedger.open(
         os.path.join(directory, f"bench-{round_}.db"), ledger_id="bench", clock_ms=lambda: BASE_TS

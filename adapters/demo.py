@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from quotaledger.events.ledger import Append, Ledger
+from quotaledger.events.times import wall_clock_ms
 
 from .http.command import base_url, parse_listen, run_server
 from .http.options import ServeError
@@ -53,7 +54,7 @@ class DemoClock:
 
     speed: float
     wall_start: float = field(default_factory=time.monotonic)
-    epoch_start_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
+    epoch_start_ms: int = field(default_factory=wall_clock_ms)
 
     def __call__(self) -> int:
         return self.epoch_start_ms + int((time.monotonic() - self.wall_start) * 1000 * self.speed)
@@ -199,9 +200,9 @@ class DemoOptions:
 
 async def open_demo_ledger(options: DemoOptions, directory: Path, clock: DemoClock) -> Ledger:
     """A new SQLite ledger on the demo clock, or the Kafka URL (through
-    :func:`quotaledger.adapters.ledger_url.open_ledger`, the one opener)."""
-    from .ledger_url import open_ledger
-    from .sqlite_ledger import SqliteLedger
+    :func:`quotaledger.adapters.ledgers.url.open_ledger`, the one opener)."""
+    from .ledgers.sqlite.ledger import SqliteLedger
+    from .ledgers.url import open_ledger
 
     if options.kafka is not None:
         return await open_ledger(options.kafka, create=True)

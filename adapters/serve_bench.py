@@ -26,7 +26,7 @@ from quotaledger.events.ledger import Append
 
 from .http.options import ServeOptions
 from .http.server import Server
-from .sqlite_ledger import SqliteLedger
+from .ledgers.sqlite.ledger import SqliteLedger
 
 
 async def _ledger_of(path: Path, quotas: int, pods: int, nodes: int) -> SqliteLedger:

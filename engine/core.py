@@ -17,7 +17,7 @@ restart never postpones one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from quotaledger.events.model import (
@@ -40,6 +40,7 @@ from quotaledger.projections.plans import (
 )
 from quotaledger.projections.resources import RL, add_into
 from quotaledger.projections.state import EvictionRun, ProjectedState
+from quotaledger.projections.timers import Entry, TimerIndex, all_timers, timer_index
 
 #: §8 rule 27: at one instant, quota-decrease before overuse before reclaim.
 CAUSE_ORDER: dict[PreemptionCause, int] = {"quota-decrease": 0, "overuse": 1, "reclaim": 2}
@@ -64,34 +65,63 @@ class Timer:
         return (self.cause, self.queue, self.pod_uid, self.deadline)
 
 
+#: Cause by rank (``projections.timers`` entries carry the rank).
+CAUSES: tuple[PreemptionCause, ...] = ("quota-decrease", "overuse", "reclaim")
+
+
+def _timer(entry: Entry) -> Timer:
+    return Timer(entry[0], entry[1], entry[2], entry[3], entry[4], CAUSES[entry[1]])
+
+
+def _key(entry: Entry) -> TimerKey:
+    return (CAUSES[entry[1]], entry[3], entry[4], entry[0])
+
+
+def armed_test(state: ProjectedState) -> Callable[[TimerKey], bool]:
+    """A test of whether a timer key is among :func:`timers` now, reading the
+    state's maps directly (no listing)."""
+    settings = state.settings
+    decrease = settings.quota_preemption_enabled
+    revoke_after = round(settings.revoke_after_s * 1000) if settings.revoke_enabled else None
+    reclaim_after = round(settings.reclaim_after_s * 1000) if settings.reclaim_enabled else None
+    deadlines, quotas = state.decrease_deadlines, state.quotas
+    owing, owing_held = state.owing_since, state.owing_held
+    starving, starving_held, pod_quota = state.starving_since, state.starving_held, state.pod_quota
+
+    def armed(key: TimerKey) -> bool:
+        cause, queue, pod_uid, deadline = key
+        if cause == "quota-decrease":
+            return decrease and deadlines.get(queue) == deadline
+        if cause == "overuse":
+            since = owing.get(queue)
+            return (
+                revoke_after is not None
+                and since is not None
+                and since + revoke_after == deadline
+                and queue not in owing_held
+                and queue in quotas
+            )
+        since = starving.get(pod_uid)
+        return (
+            reclaim_after is not None
+            and since is not None
+            and since + reclaim_after == deadline
+            and pod_uid not in starving_held
+            and pod_quota.get(pod_uid) == queue
+        )
+
+    return armed
+
+
 def timers(state: ProjectedState) -> list[Timer]:
-    """Every armed timer whose setting is on, in firing order.
+    """Every armed timer whose setting is on, in firing order (a full listing;
+    the engine's own looks use the state's :class:`~quotaledger.projections.timers.TimerIndex`,
+    which gives the same timers).
 
     Overuse and reclaim deadlines come from the clocks in force, i.e. the
     ``ClocksObserved`` records folded so far (:meth:`EngineCore.observe`
     writes them); a stale clock yields no plan when fired."""
-    settings = state.settings
-    out: list[Timer] = []
-
-    def add(queue: str, deadline: int, cause: PreemptionCause, pod_uid: str = "") -> None:
-        depth = state.quotas[queue].depth if queue in state.quotas else 0
-        out.append(Timer(deadline, CAUSE_ORDER[cause], -depth, queue, pod_uid, cause))
-
-    if settings.quota_preemption_enabled:
-        for queue, deadline in state.decrease_deadlines.items():
-            add(queue, deadline, "quota-decrease")
-    if settings.revoke_enabled:
-        after = round(settings.revoke_after_s * 1000)
-        for queue, since in state.owing_since.items():
-            if queue not in state.owing_held and queue in state.quotas:
-                add(queue, since + after, "overuse")
-    if settings.reclaim_enabled:
-        after = round(settings.reclaim_after_s * 1000)
-        for uid, since in state.starving_since.items():
-            if uid in state.pod_quota and uid not in state.starving_held:
-                add(state.pod_quota[uid], since + after, "reclaim", uid)
-    out.sort()
-    return out
+    return [_timer(entry) for entry in all_timers(state)]
 
 
 @dataclass(slots=True)
@@ -125,24 +155,80 @@ class EngineCore:
     #: quota-decrease timers whose target was empty (§8 rule 21: nothing
     #: proposed): key -> the state offset they were evaluated at (DECISIONS 210)
     empty_at: dict[TimerKey, int] = field(default_factory=dict)
+    #: the last look's sweep: the state, its offset, ``handled`` and a copy of
+    #: its keys then (see :meth:`_look`)
+    _swept: tuple[ProjectedState, int, set[TimerKey], set[TimerKey]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     @property
     def state(self) -> ProjectedState:
         return self.projection.state
 
+    def _look(self) -> TimerIndex:
+        """The state's timer index, brought up to date; handled timers that are
+        no longer armed are forgotten (DECISIONS 63), as at every look."""
+        state = self.state
+        index = timer_index(state)
+        handled = self.handled
+        if not handled:
+            self._swept = None
+            return index
+        swept = self._swept
+        keys: set[TimerKey] = handled
+        if (
+            swept is not None
+            and swept[0] is state
+            and swept[1] == state.offset
+            and swept[2] is handled
+        ):
+            # no record was applied since the last sweep (the fold, which
+            # alone changes what is armed, moves the offset): only the keys
+            # added to ``handled`` since may be unarmed
+            keys = handled - swept[3]
+        if keys:
+            armed = armed_test(state)
+            gone = [key for key in keys if not armed(key)]
+            for key in gone:
+                handled.discard(key)
+        self._swept = (state, state.offset, handled, set(handled))
+        return index
+
+    def _waiting(self, index: TimerIndex) -> Iterator[Entry]:
+        """The armed timers not handled, fresh, by deadline (after
+        :meth:`_look`). A handled key is skipped on the index's entry as it
+        stands, before the entry is freshened: after the look's sweep every
+        handled key is armed, and a source has one armed key, so an entry
+        whose key is handled freshens to that same key (a stale depth aside)
+        and would be skipped anyway. The handled timers that stay armed (a
+        starving pod no victim helped) thus cost a set lookup per look, not
+        a re-read of the state."""
+        state = self.state
+        handled = self.handled
+        if not handled:
+            yield from index.scan(state)
+            return
+        fresh = index.fresh
+        # the list does not change while scanning: fixes wait in ``stale``
+        for entry in index.entries:
+            if (CAUSES[entry[1]], entry[3], entry[4], entry[0]) in handled:
+                continue
+            current = fresh(state, entry)
+            if current is not None:
+                yield current
+
     def pending(self) -> list[Timer]:
         """Timers not yet handled, waiting or due, in firing order. Forgets
         handled timers that are no longer armed."""
         state = self.state
-        armed = timers(state)
-        if self.handled:
-            self.handled.intersection_update(timer.key for timer in armed)
-        return [
-            timer
-            for timer in armed
-            if timer.key not in self.handled
-            and timer.queue not in state.occupied  # §8 rule 34: waits for the running one
-        ]
+        index = self._look()
+        occupied = state.occupied
+        waiting = sorted(
+            entry
+            for entry in self._waiting(index)
+            if entry[3] not in occupied  # §8 rule 34: waits for the running one
+        )
+        return [_timer(entry) for entry in waiting]
 
     def ready_at(self, timer: Timer) -> int:
         """When ``timer`` may be proposed: its deadline, or later while it backs
@@ -150,19 +236,50 @@ class EngineCore:
         held = self.backoff.get((timer.cause, timer.queue, timer.pod_uid, timer.deadline))
         return timer.deadline if held is None else max(timer.deadline, held[1])
 
+    def _ready_at(self, entry: Entry) -> int:
+        if not self.backoff:
+            return entry[0]
+        held = self.backoff.get(_key(entry))
+        return entry[0] if held is None else max(entry[0], held[1])
+
     def next_deadline(self, before: int | None = None) -> int | None:
         """The earliest time a pending timer may fire (only looking before
-        ``before`` if given)."""
-        waiting = self.pending()
-        if not waiting:
-            return None
-        at = min(self.ready_at(timer) for timer in waiting)
-        if before is not None and at >= before:
-            return None
-        return at
+        ``before`` if given).
+
+        Scans the timers by deadline and stops at the first deadline no
+        earlier than the best time found (a timer is never ready before its
+        deadline), so a look costs the timers passed over, not all of them."""
+        state = self.state
+        index = self._look()
+        occupied = state.occupied
+        best = before
+        found = False
+        for entry in self._waiting(index):
+            if best is not None and entry[0] >= best:
+                break
+            if entry[3] in occupied:
+                continue
+            at = self._ready_at(entry)
+            if best is None or at < best:
+                best = at
+                found = True
+        return best if found else None
 
     def due(self, now: int) -> list[Timer]:
-        return [timer for timer in self.pending() if self.ready_at(timer) <= now]
+        """The pending timers ready at ``now``, in firing order."""
+        state = self.state
+        index = self._look()
+        occupied = state.occupied
+        ready: list[Entry] = []
+        for entry in self._waiting(index):
+            if entry[0] > now:
+                break
+            if entry[3] in occupied:
+                continue
+            if self._ready_at(entry) <= now:
+                ready.append(entry)
+        ready.sort()
+        return [_timer(entry) for entry in ready]
 
     def plan(self, timer: Timer) -> Plan | None:
         if timer.cause == "quota-decrease":

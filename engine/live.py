@@ -47,6 +47,7 @@ from quotaledger.events.model import (
     LedgerDigest,
     PodRemoved,
 )
+from quotaledger.events.times import wall_clock_ms
 from quotaledger.projections import Projection, state_hash
 from quotaledger.projections.snapshot import PersistedCopy, copy_persisted, dump_pieces
 from quotaledger.projections.state import EvictionRun, ProjectedState
@@ -89,10 +90,6 @@ class LogExecutor:
             eviction.eviction_id,
         )
         return [EvictionFailed(eviction_id=eviction.eviction_id, error="dry run (log executor)")]
-
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(slots=True)

@@ -32,7 +32,8 @@ from quotaledger.events.model import (
     PodRemoved,
     is_fact,
 )
-from quotaledger.projections import Projection, rfc3339, state_json
+from quotaledger.events.times import rfc3339
+from quotaledger.projections import Projection, state_json
 
 from .core import EngineCore
 
@@ -103,15 +104,27 @@ class Simulation:
             self.append_event(now, event)
 
     def fire_due(self, now: int) -> None:
-        """Fire every timer due at ``now``, in §8 rule 27 order, until none is."""
+        """Fire every timer due at ``now``, in §8 rule 27 order, until none is.
+
+        After each timer the clocks are sampled and the due timers looked at
+        again; while a timer leaves the ledger as it was (it proposed nothing
+        and the sample recorded nothing), the timers due are those of the last
+        look but the one just handled, so the next of that look is fired
+        without looking again (a burst of timers at one instant costs one
+        look per record written, not one per timer)."""
+        self.observe(now)
         while True:
-            self.observe(now)
             due = self.core.due(now)
             if not due:
                 return
-            for event in self.core.propose(due[0]):
-                self.append_event(now, event)
-            self.act(now)
+            for timer in due:
+                offset = self.projection.state.offset
+                for event in self.core.propose(timer):
+                    self.append_event(now, event)
+                self.act(now)
+                self.observe(now)
+                if self.projection.state.offset != offset:
+                    break
 
     def run_timers(self, before: int | None) -> None:
         """Advance the virtual clock through every deadline ``< before`` (all if None)."""

@@ -24,8 +24,8 @@ from quotaledger.events.model import (
     is_fact,
     kind_of,
 )
-from quotaledger.events.times import MAX_DELAY_S
-from quotaledger.projections import ProjectedState, Projection, rfc3339, state_json
+from quotaledger.events.times import MAX_DELAY_S, rfc3339
+from quotaledger.projections import ProjectedState, Projection, state_json
 from quotaledger.projections.snapshot import dump, load
 
 from .render import amounts

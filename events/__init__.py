@@ -1,7 +1,7 @@
 """quotaledger.events: the event vocabulary, codecs, quantities and the Ledger interface."""
 
 from .codec import EventError, decode_event, encode_event, peek_kind
-from .ledger import Append, Ledger, LedgerError, LedgerMismatch, Record, Snapshot
+from .ledger import Append, Ledger, LedgerError, LedgerGap, LedgerMismatch, Record, Snapshot
 from .model import *  # noqa: F403
 from .model import __all__ as _model_all
 from .quantity import QuantityError, canonical_amount, canonical_list, format_amount
@@ -12,6 +12,7 @@ __all__ = [
     "EventError",
     "Ledger",
     "LedgerError",
+    "LedgerGap",
     "LedgerMismatch",
     "QuantityError",
     "Record",

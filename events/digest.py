@@ -14,12 +14,11 @@ import hashlib
 import struct
 from collections.abc import Iterable, Iterator
 
-from .ledger import LedgerError, Record
+from .ledger import LedgerGap, Record
 
 __all__ = [
     "GENESIS",
     "DigestChain",
-    "LedgerGap",
     "chained",
     "next_digest",
     "parse_digest",
@@ -46,10 +45,6 @@ def parse_digest(text: str) -> bytes:
         return bytes.fromhex(cleaned)
     except ValueError:
         raise ValueError(f"a digest is 64 hex digits: {text!r}") from None
-
-
-class LedgerGap(LedgerError):
-    """A record that does not follow the previous one: records missing (DESIGN §3)."""
 
 
 class DigestChain:
@@ -86,7 +81,9 @@ class DigestChain:
         if offset != self.through + 1:
             raise LedgerGap(
                 f"record {offset} follows record {self.through}: records are missing"
-                " (removed, or the file is damaged)"
+                " (removed, or the file is damaged)",
+                missing=self.through + 1,
+                found=offset,
             )
         digest = _sha256(self.digest + _HEAD.pack(offset, record.ts) + record.payload).digest()
         self.digest = digest

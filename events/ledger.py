@@ -7,7 +7,9 @@ keeps:
 * ``ts`` (ms since the epoch) never decreases: a smaller one is clamped up to
   the previous record's;
 * record 0 is ``LedgerOpened{ledger_id}``, and a reader holding a checkpoint of
-  another ledger id stops with :class:`LedgerMismatch`.
+  another ledger id stops with :class:`LedgerMismatch`;
+* a reader never reads past missing offsets as if the ledger were whole: it (or
+  the digest chain every reader folds) stops with :class:`LedgerGap`.
 """
 
 from __future__ import annotations
@@ -45,6 +47,25 @@ class LedgerError(RuntimeError):
 
 class LedgerMismatch(LedgerError):
     """A checkpoint or snapshot belongs to another ledger's history."""
+
+
+class LedgerGap(LedgerError):
+    """The records skip offsets (DESIGN §3: offsets are gap-free): records are
+    missing, deleted (retention, compaction), damaged, or the offsets hold
+    transaction markers. Raised by the digest chain when a record does not
+    follow the previous one, and by a Kafka reader at a proven hole, after it
+    has handed out every record before it. One class, whoever finds the gap.
+
+    ``missing`` is the first offset missing and ``found`` the next offset that
+    holds a record, when the finder knows them (None otherwise).
+    """
+
+    def __init__(
+        self, message: str, *, missing: int | None = None, found: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.missing = missing
+        self.found = found
 
 
 class Snapshot(msgspec.Struct, frozen=True, gc=False):

@@ -1,4 +1,4 @@
-"""Times and bounds of the input (DESIGN §9 "Bounds").
+"""Times: bounds of the input (DESIGN §9 "Bounds"), RFC 3339 output, the wall clock.
 
 A time without a UTC offset is UTC, everywhere: decoding replaces a naive
 ``at``/``created_at`` by the same wall time in UTC, so no naive datetime exists
@@ -11,10 +11,16 @@ The bounds keep every later computation representable: a time is within
 1970-01-01T00:00:00Z .. 9000-01-01T00:00:00Z, a delay at most ten years, so a
 deadline (time + delay) is always a valid date, and every amount ≤ 2^62
 (:data:`quotaledger.events.quantity.MAX_AMOUNT`).
+
+Times are written as RFC 3339 UTC (:func:`rfc3339`, DECISIONS 9: ``.mmm`` only
+when the ts is not a whole second), by exact integer arithmetic for any
+integer. :func:`wall_clock_ms` is the one wall clock of the ledgers and the
+live engine.
 """
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
 #: The earliest and latest time an event may carry (inclusive; §9).
@@ -73,3 +79,47 @@ def seconds_ms(seconds: float) -> int:
     if seconds >= MAX_DELAY_S:
         return MAX_DELAY_S * 1000
     return round(seconds * 1000)
+
+
+def wall_clock_ms() -> int:
+    """Milliseconds since the epoch by the wall clock: the one clock of the
+    ledgers (a record appended without a ts) and of the live engine (DESIGN §3,
+    §6). Whatever reads it is not a projection (DESIGN §1: projections read no
+    clock); a simulation or a test passes its own ``clock_ms`` instead."""
+    return time.time_ns() // 1_000_000
+
+
+def rfc3339(ts_ms: int) -> str:
+    """A ledger ts as RFC 3339 UTC; milliseconds only when not whole seconds.
+
+    Exact integer arithmetic on the proleptic Gregorian calendar, for any
+    integer: decoding bounds every time to 1970 .. 9000 (§9), but whatever ts a
+    state holds (a deadline, a ledger written by something else), rendering it
+    must not fail. A year outside 0000 .. 9999 is written with its sign and all
+    its digits (the extended form of ISO 8601), so it is still unambiguous.
+    """
+    days, ms = divmod(ts_ms, 86_400_000)
+    seconds, milli = divmod(ms, 1000)
+    minutes, second = divmod(seconds, 60)
+    hour, minute = divmod(minutes, 60)
+    year, month, day = _civil(days)
+    sign = "" if 0 <= year <= 9999 else ("+" if year > 0 else "-")
+    text = f"{sign}{abs(year):04d}" if not sign else f"{sign}{abs(year):06d}"
+    text += f"-{month:02d}-{day:02d}T{hour:02d}:{minute:02d}:{second:02d}"
+    return text + (f".{milli:03d}Z" if milli else "Z")
+
+
+def _civil(days: int) -> tuple[int, int, int]:
+    """Year, month and day of ``days`` since 1970-01-01 (proleptic Gregorian;
+    the civil-from-days algorithm over 400-year eras of 146,097 days)."""
+    days += 719_468  # days from 0000-03-01 to 1970-01-01
+    era, day_of_era = divmod(days, 146_097)
+    year_of_era = (
+        day_of_era - day_of_era // 1460 + day_of_era // 36_524 - day_of_era // 146_096
+    ) // 365
+    day_of_year = day_of_era - (365 * year_of_era + year_of_era // 4 - year_of_era // 100)
+    shifted_month = (5 * day_of_year + 2) // 153  # March = 0
+    day = day_of_year - (153 * shifted_month + 2) // 5 + 1
+    month = shifted_month + 3 if shifted_month < 10 else shifted_month - 9
+    year = year_of_era + era * 400 + (1 if month <= 2 else 0)
+    return year, month, day

@@ -8,7 +8,7 @@ from .derive import recompute_all, settle
 from .fold import OutOfOrder, Projection
 from .state import ProjectedState, Settings
 from .state_digest import state_hash
-from .view import rfc3339, state_json
+from .view import state_json
 
 __all__ = [
     "OutOfOrder",
@@ -16,7 +16,6 @@ __all__ = [
     "Projection",
     "Settings",
     "recompute_all",
-    "rfc3339",
     "settle",
     "state_hash",
     "state_json",

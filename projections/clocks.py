@@ -19,71 +19,129 @@ from bisect import bisect_right
 
 from quotaledger.events.model import ClocksObserved
 
-from .derive import settle
+from .derive import ChangedQuotas, settle, top_quotas
 from .resources import RL
-from .state import BUILTIN, ROOT, ProjectedState, QuotaNode
+from .state import BUILTIN, ProjectedState, QuotaNode
+from .timers import TimerIndex
+
+
+def _numbers(node: QuotaNode, key: str) -> tuple[int, int]:
+    """``(used, runtime)`` of one resource, read from the quota's row: what
+    ``node.used.get(key, 0)`` and ``node.runtime.get(key, 0)`` give, without
+    building the quota's dicts."""
+    store = node.store
+    if store is None:
+        return 0, 0
+    columns = store.columns.get(key)
+    if columns is None:
+        return 0, 0
+    row = node.row
+    return columns.used[row], columns.runtime[row]
 
 
 def owed(node: QuotaNode) -> RL:
     """``min(used, max) − runtime`` per compared resource, where positive (§8 rule 30
-    takes ``used − runtime`` as the revoke target; this is the entitlement gap)."""
+    takes ``used − runtime`` as the revoke target; this is the entitlement gap),
+    in the order of max's resources, or sorted when max is null."""
     cap = node.config.max
-    keys = cap.keys() if cap is not None else node.used.keys() | node.runtime.keys()
     out: RL = {}
-    for key in keys:
-        held = node.used.get(key, 0)
-        if cap is not None and cap[key] < held:
-            held = cap[key]
-        gap = held - node.runtime.get(key, 0)
+    if cap is None:
+        used, runtime = node.used, node.runtime
+        for key in sorted(used.keys() | runtime.keys()):
+            gap = used.get(key, 0) - runtime.get(key, 0)
+            if gap > 0:
+                out[key] = gap
+        return out
+    for key, limit in cap.items():
+        held, runtime_of = _numbers(node, key)
+        if limit < held:
+            held = limit
+        gap = held - runtime_of
         if gap > 0:
             out[key] = gap
     return out
 
 
 def is_owing(node: QuotaNode) -> bool:
-    """A connected leaf (not system/default) holding more than its runtime."""
+    """A connected leaf (not system/default) holding more than its runtime
+    (``owed`` not empty)."""
     config = node.config
     if config.is_parent or not node.connected or config.name in BUILTIN:
         return False
-    return bool(owed(node))
+    cap = config.max
+    if cap is None:
+        return bool(owed(node))
+    for key, limit in cap.items():
+        held, runtime_of = _numbers(node, key)
+        if min(held, limit) > runtime_of:
+            return True
+    return False
+
+
+def owing_quotas(state: ProjectedState) -> set[str]:
+    """The quotas that owe now (:func:`is_owing`), in a settled state: kept in
+    ``state.owing_index`` and brought up to date by re-checking the quotas the
+    settles changed since the last call (all of them after a full recompute
+    or on first use), the way the clock sample re-checks ``touched``."""
+    index = state.owing_index
+    quotas = state.quotas
+    if not isinstance(index, ChangedQuotas) or index.quotas is not quotas:
+        index = state.owing_index = ChangedQuotas(quotas)
+    members = index.members
+    if index.everything:
+        members.clear()
+        members.update(name for name, node in quotas.items() if is_owing(node))
+        index.everything = False
+    elif index.changed:
+        for name in index.changed:
+            node = quotas.get(name)
+            if node is not None and is_owing(node):
+                members.add(name)
+            else:
+                members.discard(name)
+    index.changed = set()
+    return members
 
 
 def free_capacity(state: ProjectedState) -> RL:
     """Cluster total − Σ used of all quotas (§8 rule 31); system and default
     are already off the total."""
     free = dict(state.cluster_total)
-    tops = [
-        name
-        for parent, names in state.children_of.items()
-        if parent == ROOT or parent not in state.quotas
-        for name in names
-        if name not in BUILTIN
-    ]
-    for name in tops:
-        for key, value in state.quotas[name].used.items():
-            free[key] = free.get(key, 0) - value
+    for node in top_quotas(state):
+        store = node.store
+        if store is None:
+            continue
+        row = node.row
+        # what ``node.used`` reads, without building it
+        for columns in store.by_key:
+            value = columns.used[row]
+            if value:
+                key = columns.key
+                free[key] = free.get(key, 0) - value
     return free
 
 
 def is_starving(state: ProjectedState, uid: str, free: RL) -> bool:
     """§8 rule 31: Pending without a node, its quota has room for it under its
     runtime (on every requested resource its max lists), and the cluster's
-    free capacity does not cover its request."""
+    free capacity does not cover its request. (The conditions are checked
+    cheapest first: free capacity usually covers a pod.)"""
     pod = state.pods[uid]
+    requests = pod.requests
+    if not any(value > 0 and value > free.get(key, 0) for key, value in requests.items()):
+        return False
     node = state.quotas[state.pod_quota[uid]]
     config = node.config
     if config.is_parent or not node.connected or config.name in BUILTIN:
         return False
-    requested = [key for key, value in pod.requests.items() if value > 0]
-    if not requested:
-        return False
     cap = config.max
-    for key in requested:
-        if cap is not None and key not in cap:
+    for key, value in requests.items():
+        if value <= 0 or (cap is not None and key not in cap):
             continue
-        if node.used.get(key, 0) + pod.requests[key] > node.runtime.get(key, 0):
+        used, runtime = _numbers(node, key)
+        if used + value > runtime:
             return False
-    return any(pod.requests[key] > free.get(key, 0) for key in requested)
+    return True
 
 
 def _flipped(state: ProjectedState, free: RL) -> set[str]:
@@ -103,47 +161,85 @@ def _flipped(state: ProjectedState, free: RL) -> set[str]:
     return out
 
 
-def sampled_starving(state: ProjectedState, now: int | None = None) -> dict[str, int]:
-    """The starvation clocks as a sample taken now would leave them (pod uid ->
-    since), without mutating them. Kept only while ``reclaim_enabled``.
-
-    Incremental: only pods that changed, pods of quotas whose numbers changed,
-    and pods whose coverage by free capacity may have flipped are re-checked;
-    the result equals checking every pending pod (tests/test_clocks.py)."""
+def _starving_changes(
+    state: ProjectedState, now: int | None, free: RL
+) -> tuple[dict[str, int], set[str]]:
+    """The starvation clocks a sample taken now would start (uid -> since) and
+    stop, against those in force; ``free`` is the free capacity of the
+    settled state. Only pods that changed, pods of quotas whose numbers
+    changed, and pods whose coverage by free capacity may have flipped are
+    re-checked; the result equals checking every pending pod
+    (tests/test_clocks.py). Kept only while ``reclaim_enabled``: without it
+    every clock stops."""
+    clocks = state.starving_since
     if not state.settings.reclaim_enabled:
-        return {}
-    settle(state)
-    free = free_capacity(state)
+        return {}, set(clocks)
     if state.starving_full:
-        recheck = set(state.pending_pods) | set(state.starving_since)
+        recheck = set(state.pending_pods) | set(clocks)
     else:
         recheck = state.touched_pods | _flipped(state, free)
         for name in state.touched:
             recheck |= state.pending_by_quota.get(name, set())
-    clocks = dict(state.starving_since)
+    if all(
+        free.get(key, 0) >= amounts[-1] for key, amounts in state.pending_amounts.items() if amounts
+    ):
+        # free capacity covers the largest request of every pending pod: none starves
+        return {}, recheck & clocks.keys()
+    started: dict[str, int] = {}
+    stopped: set[str] = set()
+    at = state.ts if now is None else max(now, state.ts)
+    pending, held = state.pending_pods, state.starving_held
     for uid in recheck:
-        if uid not in state.pending_pods or not is_starving(state, uid, free):
-            clocks.pop(uid, None)
-        elif uid not in state.starving_held:
-            clocks.setdefault(uid, state.ts if now is None else max(now, state.ts))
+        if uid not in pending or not is_starving(state, uid, free):
+            if uid in clocks:
+                stopped.add(uid)
+        elif uid not in held and uid not in clocks:
+            started[uid] = at
+    return started, stopped
+
+
+def sampled_starving(state: ProjectedState, now: int | None = None) -> dict[str, int]:
+    """The starvation clocks as a sample taken now would leave them (pod uid ->
+    since), without mutating them (besides settling derived numbers). Kept
+    only while ``reclaim_enabled``."""
+    if not state.settings.reclaim_enabled:
+        return {}
+    settle(state)
+    started, stopped = _starving_changes(state, now, free_capacity(state))
+    clocks = {uid: since for uid, since in state.starving_since.items() if uid not in stopped}
+    clocks.update(started)
     return clocks
+
+
+def _owing_changes(state: ProjectedState, now: int | None) -> tuple[dict[str, int], set[str]]:
+    """The owing clocks a sample taken now would start (quota -> since) and
+    stop, against those in force, in a settled state. Owing depends on used,
+    runtime and max only: every change of those puts the quota in
+    ``touched`` (settle, put_quota, released holds), and a removed quota is
+    dropped from the clocks by drop_quota."""
+    quotas = state.quotas
+    clocks = state.owing_since
+    held = state.owing_held
+    started: dict[str, int] = {}
+    stopped: set[str] = set()
+    at = state.ts if now is None else max(now, state.ts)
+    for name in state.touched:
+        node = quotas.get(name)
+        if node is None or not is_owing(node):
+            if name in clocks:
+                stopped.add(name)
+        elif name not in held and name not in clocks:
+            started[name] = at
+    return started, stopped
 
 
 def sampled(state: ProjectedState, now: int | None = None) -> dict[str, int]:
     """The owing clocks as a sample taken now would leave them (no mutation
     besides settling derived numbers). The engine reads this at the tail."""
     settle(state)
-    quotas = state.quotas
-    clocks = dict(state.owing_since)
-    # owing depends on used, runtime and max only: every change of those puts
-    # the quota in ``touched`` (settle, put_quota, released holds), and a removed
-    # quota is dropped from the clocks by drop_quota
-    for name in state.touched:
-        node = quotas.get(name)
-        if node is None or not is_owing(node):
-            clocks.pop(name, None)
-        elif name not in state.owing_held:
-            clocks.setdefault(name, state.ts if now is None else max(now, state.ts))
+    started, stopped = _owing_changes(state, now)
+    clocks = {name: since for name, since in state.owing_since.items() if name not in stopped}
+    clocks.update(started)
     return clocks
 
 
@@ -152,33 +248,37 @@ def observation(state: ProjectedState, now: int) -> ClocksObserved | None:
     starts and stops against the clocks in force, or None when nothing
     changed. Consumes the change bookkeeping (``touched``, ``touched_pods``,
     free capacity at the sample); the fold never does, so only the engine's
-    samples cost a settle."""
-    owing = sampled(state, now)
-    starving = sampled_starving(state, now)
+    samples cost a settle. Costs what changed since the last sample, not
+    the clocks in force."""
+    settle(state)
+    owing_started, owing_stopped = _owing_changes(state, now)
     if state.settings.reclaim_enabled:
-        state.free_at_sample = free_capacity(state)
+        free = free_capacity(state)
+        starving_started, starving_stopped = _starving_changes(state, now, free)
+        state.free_at_sample = free
         state.starving_full = False
     else:
+        starving_started, starving_stopped = {}, set(state.starving_since)
         state.starving_full = True
     state.touched = set()
     state.touched_pods = set()
-    event = ClocksObserved(
+    if not (owing_started or owing_stopped or starving_started or starving_stopped):
+        return None
+    return ClocksObserved(
         basis=state.offset,
-        owing_started={k: v for k, v in sorted(owing.items()) if k not in state.owing_since},
-        owing_stopped=sorted(k for k in state.owing_since if k not in owing),
-        starving_started={
-            k: v for k, v in sorted(starving.items()) if k not in state.starving_since
-        },
-        starving_stopped=sorted(k for k in state.starving_since if k not in starving),
+        owing_started={k: owing_started[k] for k in sorted(owing_started)},
+        owing_stopped=sorted(owing_stopped),
+        starving_started={k: starving_started[k] for k in sorted(starving_started)},
+        starving_stopped=sorted(starving_stopped),
     )
-    owing_changed = event.owing_started or event.owing_stopped
-    starving_changed = event.starving_started or event.starving_stopped
-    return event if owing_changed or starving_changed else None
 
 
 def apply_observation(state: ProjectedState, event: ClocksObserved) -> None:
     """Fold an engine's sample: stops end clocks, starts begin them (the first
-    start wins when two engines sample). Held clocks do not start (§8 rule 29)."""
+    start wins when two engines sample). Held clocks do not start (§8 rule 29).
+
+    The only place a clock starts: it tells the timer index, if the state has
+    one (``projections.timers``), which clocks to look at again."""
     for name in event.owing_stopped:
         state.owing_since.pop(name, None)
     for name, since in event.owing_started.items():
@@ -189,13 +289,26 @@ def apply_observation(state: ProjectedState, event: ClocksObserved) -> None:
     for uid, since in event.starving_started.items():
         if uid in state.pending_pods and uid not in state.starving_held:
             state.starving_since.setdefault(uid, since)
+    index = state.timer_index
+    if isinstance(index, TimerIndex):
+        for name in (*event.owing_stopped, *event.owing_started):
+            index.mark_queue(name)
+        for uid in (*event.starving_stopped, *event.starving_started):
+            index.mark_pod(uid)
 
 
 def release_holds(state: ProjectedState) -> None:
     """A fact arrived: held quotas may start their clocks again at the next sample."""
+    index = state.timer_index
     if state.owing_held:
         state.touched |= state.owing_held
+        if isinstance(index, TimerIndex):
+            for name in state.owing_held:
+                index.mark_queue(name)
         state.owing_held = set()
     if state.starving_held:
         state.touched_pods |= state.starving_held
+        if isinstance(index, TimerIndex):
+            for uid in state.starving_held:
+                index.mark_pod(uid)
         state.starving_held = set()

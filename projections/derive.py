@@ -18,9 +18,11 @@ rows, no per-quota dict. The result is identical to a full recomputation
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
+from typing import Any
 
 from .columns import QuotaColumns
-from .request import recompute_node
+from .request import Change, apply_changes, recompute_node, terms_for
 from .resources import RL
 from .runtime import distribute
 from .state import BUILTIN, DEFAULT, ROOT, SYSTEM, ProjectedState, QuotaNode
@@ -35,13 +37,61 @@ BULK_MIN_QUOTAS = 1024
 BULK_FRACTION = 8
 
 
-def _children(state: ProjectedState, name: str) -> list[QuotaNode]:
-    """A quota's children in name order (kept while the tree's shape is)."""
+def tree_cache(state: ProjectedState) -> dict[str, Any]:
+    """``state.sorted_children``, emptied when the tree's shape changed: quota
+    name -> its children in name order; ``ROOT`` -> the top quotas (see
+    :func:`top_quotas`); ``""`` -> the version and quotas they were listed
+    from, and the parents' :data:`Group` facts (see :func:`_groups`)."""
     cache = state.sorted_children
     stamp = cache.get("")
     if stamp is None or stamp[0] != state.tree_version or stamp[1] is not state.quotas:
         cache.clear()
-        cache[""] = (state.tree_version, state.quotas)
+        cache[""] = (state.tree_version, state.quotas, {})
+    return cache
+
+
+def top_quotas(state: ProjectedState) -> list[QuotaNode]:
+    """The quotas at the top of a tree (root's children and the quotas whose
+    parent does not exist), system and default aside; kept while the tree's
+    shape is (§8 rule 31's free capacity subtracts their used)."""
+    cache = tree_cache(state)
+    out: list[QuotaNode] | None = cache.get(ROOT)
+    if out is None:
+        quotas = state.quotas
+        out = cache[ROOT] = [
+            quotas[name]
+            for parent, names in state.children_of.items()
+            if parent == ROOT or parent not in quotas
+            for name in names
+            if name not in BUILTIN
+        ]
+    return out
+
+
+class ChangedQuotas:
+    """The quotas whose numbers or configuration changed since a reader last
+    looked: what ``state.touched`` is for the clock sample, for another reader
+    (``clocks.owing_quotas``, kept in ``state.owing_index``). The settle adds to
+    it whatever it adds to ``touched``; ``everything`` after a full recompute."""
+
+    __slots__ = ("changed", "everything", "members", "quotas")
+
+    def __init__(self, quotas: object) -> None:
+        self.quotas = quotas
+        self.members: set[str] = set()
+        self.changed: set[str] = set()
+        self.everything = True
+
+
+def _changed(state: ProjectedState, names: Iterable[str]) -> None:
+    index = state.owing_index
+    if isinstance(index, ChangedQuotas) and not index.everything:
+        index.changed.update(names)
+
+
+def _children(state: ProjectedState, name: str) -> list[QuotaNode]:
+    """A quota's children in name order (kept while the tree's shape is)."""
+    cache = tree_cache(state)
     out = cache.get(name)
     if out is None:
         quotas = state.quotas
@@ -74,7 +124,8 @@ def _settle_paths(state: ProjectedState) -> None:
     quotas = state.quotas
     columns = state.columns
     path: set[str] = set()
-    for name in state.dirty:
+    dirty = state.dirty
+    for name in dirty:
         current = name
         while current in quotas and current not in path:
             path.add(current)
@@ -82,34 +133,73 @@ def _settle_paths(state: ProjectedState) -> None:
             if node.store is not columns:
                 state.attach(node)
             current = node.config.parent
-    state.dirty.clear()
+    state.dirty = set()
     state.touched |= path
+    _changed(state, path)
     root_changed = False
+    # parents to water-fill again for some resources only: those whose
+    # children's limited requests moved (as the water-fill sees them) or whose
+    # amount to share moved; ``state.refill`` holds those to fill whole
+    moves = _Moves()
+    partial = moves.partial
+    # how each parent's children moved, per resource (request.apply_changes)
+    moved_under: dict[str, dict[str, Change]] = {}
     for name in sorted(path, key=lambda q: (-quotas[q].depth, q)):
         node = quotas[name]
-        if node.sum_log or node.sums_stale:
-            flush_sums(state, node)
-        children = _children(state, name) if node.config.is_parent else []
-        if recompute_node(state, node, children):
+        if not node.connected:
+            state.columns.clear(_TOP_DOWN, node.row)
+        outcome = None
+        if name not in dirty:
+            # an ancestor on the path only: its own inputs are as they were
+            below = moved_under.pop(name, None)
+            if below is None:
+                continue
+            outcome = apply_changes(state, node, below)
+        if outcome is None:
+            if node.sum_log or node.sums_stale:
+                flush_sums(state, node)
+            children = _children(state, name) if node.config.is_parent else []
+            outcome = recompute_node(state, node, children)
+        changed, moved, changes = outcome
+        if changed:
             parent = node.config.parent
             if parent == ROOT:
                 root_changed = True
                 if name in BUILTIN:
                     state.total_dirty = True
+                elif moved:
+                    partial.setdefault(ROOT, set()).update(moved)
             elif parent in quotas:
-                state.refill.add(parent)
-        if not node.connected:
-            state.columns.clear(_TOP_DOWN, node.row)
+                if moved:
+                    partial.setdefault(parent, set()).update(moved)
+                wants = moves.wants.setdefault(parent, {})
+                for key, change in changes.items():
+                    if change[0]:
+                        wants.setdefault(key, []).append((node, change[0]))
+                into = moved_under.get(parent)
+                if into is None:
+                    moved_under[parent] = changes
+                else:
+                    for key, change in changes.items():
+                        sums = into.get(key)
+                        if sums is None:
+                            into[key] = change
+                        else:
+                            for i in range(4):
+                                sums[i] += change[i]
     if state.total_dirty:
         total = _cluster_total(state)
-        if total != state.cluster_total:
+        before = state.cluster_total
+        if total != before:
+            partial.setdefault(ROOT, set()).update(
+                key for key in total.keys() | before.keys() if total.get(key) != before.get(key)
+            )
             state.cluster_total = total
             root_changed = True
         state.total_dirty = False
     if root_changed or ROOT in state.refill:
         _root_sums(state)
-        state.refill.add(ROOT)
-    _refill(state)
+    _refill(state, moves)
 
 
 def _cluster_total(state: ProjectedState) -> RL:
@@ -160,17 +250,47 @@ def _root_sums(state: ProjectedState) -> None:
     state.root_usage = usage
 
 
-def _refill(state: ProjectedState) -> None:
+class _Moves:
+    """What one settle changed that its top-down fill reads (DECISIONS 250).
+
+    ``partial``: parents to fill again for some resources only; ``wants``:
+    per parent and resource, the children whose limited request changed and
+    by how much; ``amounts``: per parent and resource, its runtime before this
+    settle changed it."""
+
+    __slots__ = ("amounts", "partial", "wants")
+
+    def __init__(self) -> None:
+        self.partial: dict[str, set[str]] = {}
+        self.wants: dict[str, dict[str, list[tuple[QuotaNode, int]]]] = {}
+        self.amounts: dict[str, dict[str, int]] = {}
+
+
+def _refill(state: ProjectedState, moves: _Moves | None = None) -> None:
+    """Water-fill, top-down, every parent in ``state.refill`` (all resources)
+    and in ``moves.partial`` (the resources named), then every child parent
+    whose runtime moved as a result, for the resources that moved. A parent's
+    runtime is an input of its children's fill only for the same resource,
+    so the resources left out keep numbers equal to a fill's; a group that
+    every limited request fits in, before and after, is settled without a
+    fill (:func:`_fits`; DECISIONS 250)."""
     quotas = state.quotas
+    whole = state.refill
+    moves = _Moves() if moves is None else moves
+    partial = moves.partial
     heap = [
         (0 if name == ROOT else quotas[name].depth, name)
-        for name in state.refill
+        for name in whole | partial.keys()
         if name == ROOT or (name in quotas and quotas[name].connected)
     ]
-    state.refill.clear()
+    state.refill = set()
     heapq.heapify(heap)
     done: set[str] = set()
     min_scaling = state.settings.min_scaling
+    groups = _groups(state)
+    for name in whole:
+        groups.pop(name, None)
+    touched = state.touched
     while heap:
         _, name = heapq.heappop(heap)
         if name in done:
@@ -186,12 +306,128 @@ def _refill(state: ProjectedState) -> None:
             total, children = node.row, _children(state, name)
         if not children:
             continue
-        changed = distribute(state, total, children, min_scaling)
-        for child, moved in zip(children, changed, strict=True):
-            if moved:
-                state.touched.add(child.config.name)
-                if child.config.is_parent:
-                    heapq.heappush(heap, (child.depth, child.config.name))
+        changed: list[tuple[QuotaNode, dict[str, int]]] = []
+        keys: set[str] | None = None
+        if name not in whole:
+            keys = partial[name]
+            if name != ROOT:
+                keys = {
+                    key
+                    for key in keys
+                    if not _fits(state, moves, node, children, key, groups, changed)
+                }
+        if keys is None or keys:
+            moved = distribute(state, total, children, min_scaling, keys)
+            for child, before in zip(children, moved, strict=True):
+                if before:
+                    changed.append((child, before))
+        if changed:
+            _changed(state, (child.config.name for child, _ in changed))
+        for child, before in changed:
+            child_name = child.config.name
+            touched.add(child_name)
+            if child.config.is_parent:
+                partial.setdefault(child_name, set()).update(before)
+                amounts = moves.amounts.setdefault(child_name, {})
+                for key, value in before.items():
+                    amounts.setdefault(key, value)
+                heapq.heappush(heap, (child.depth, child_name))
+
+
+#: Per parent (while the tree's shape is the same and its children's
+#: configurations are): per resource, Σ of its children's mins and whether
+#: every configured shared weight of its children is positive.
+Group = dict[str, tuple[int, bool]]
+
+
+def _groups(state: ProjectedState) -> dict[str, Group]:
+    """The parents' :data:`Group` facts, kept with the tree's shape; a parent
+    filled whole (its children's configurations may have changed) loses its
+    own (``_refill``)."""
+    groups: dict[str, Group] = tree_cache(state)[""][2]
+    return groups
+
+
+def _group(children: list[QuotaNode], key: str) -> tuple[int, bool]:
+    min_sum = 0
+    weighted = True
+    for child in children:
+        min_sum += child.config.min.get(key, 0)
+        weight = terms_for(child).weights.get(key)
+        if weight is not None and weight <= 0:
+            weighted = False
+    return min_sum, weighted
+
+
+def _fits(
+    state: ProjectedState,
+    moves: _Moves,
+    node: QuotaNode,
+    children: list[QuotaNode],
+    key: str,
+    groups: dict[str, Group],
+    changed: list[tuple[QuotaNode, dict[str, int]]],
+) -> bool:
+    """Settle one parent's children for one resource without a fill, when
+    every limited request fitted in the amount shared before this settle and
+    still does: then every child's runtime is its limited request, whatever
+    the effective mins (§5 Runtime steps 2-3: with every borrower weighted,
+    the pool covers every borrower's way to its cap), so only the children
+    whose limited request changed move, and the effective mins only when
+    they are scaled to an amount that changed. False when that does not hold
+    (the caller fills). The parent's configuration and children are as at the last fill
+    (it is not filled whole), so its request, a sum of its children's
+    limited requests when no reserve floors it, is what they ask now."""
+    name = node.config.name
+    terms = terms_for(node)
+    if key in terms.reserved:
+        return False
+    columns = state.columns.columns[key]
+    row = node.row
+    amount = columns.runtime[row]
+    amounts = moves.amounts.get(name)
+    amount_before = amount if amounts is None else amounts.get(key, amount)
+    if amount <= 0 or amount_before <= 0:
+        return False
+    asked = columns.request[row]
+    wants = moves.wants.get(name)
+    changes = () if wants is None else wants.get(key, ())
+    asked_before = asked
+    for _, delta in changes:
+        asked_before -= delta
+    if amount < asked or amount_before < asked_before:
+        return False
+    group = groups.get(name)
+    if group is None:
+        group = groups[name] = {}
+    facts = group.get(key)
+    if facts is None:
+        facts = group[key] = _group(children, key)
+    min_sum, weighted = facts
+    if not weighted:
+        return False
+    if (
+        amount != amount_before
+        and state.settings.min_scaling
+        and (amount < min_sum or amount_before < min_sum)
+    ):
+        # the effective mins are scaled to the amount (§5 Runtime step 1)
+        effective = columns.effective_min
+        for child in children:
+            value = child.config.min.get(key, 0)
+            if amount < min_sum:
+                value = amount * value // min_sum
+            if effective[child.row] != value:
+                effective[child.row] = value
+    limited, runtime = columns.limited_request, columns.runtime
+    for child, _ in changes:
+        child_row = child.row
+        want = limited[child_row]
+        before = runtime[child_row]
+        if before != want:
+            runtime[child_row] = want
+            changed.append((child, {key: before}))
+    return True
 
 
 def recompute_all(state: ProjectedState) -> None:
@@ -200,6 +436,12 @@ def recompute_all(state: ProjectedState) -> None:
     :func:`recompute_all_rows`. Both give the same numbers."""
     from .arrays import recompute_arrays
 
+    # the fill below does not go through ``_refill``, which drops the facts of
+    # groups whose children's configurations changed: drop them all
+    _groups(state).clear()
+    index = state.owing_index
+    if isinstance(index, ChangedQuotas):
+        index.everything = True
     attach_all(state)
     if not recompute_arrays(state):
         recompute_all_rows(state)

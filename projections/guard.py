@@ -11,6 +11,7 @@ for a pod already being evicted.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
 
 from quotaledger.events.model import (
@@ -292,5 +293,38 @@ def remember_finished(state: ProjectedState, preemption_id: str, offset: int) ->
     most recently finished are kept, a function of the ledger alone."""
     finished = state.finished_preemptions
     finished[preemption_id] = offset
+    order = state.finished_order
+    if isinstance(order, _FinishedOrder) and order.source is finished:
+        heapq.heappush(order.heap, (offset, preemption_id))
     if len(finished) > FINISHED_KEPT:
-        del finished[min(finished, key=finished.__getitem__)]
+        del finished[_oldest(state)]
+
+
+class _FinishedOrder:
+    """``finished_preemptions`` as a heap of ``(offset, id)``, so the oldest is
+    found without a scan; entries whose id left the map or finished again are
+    skipped (offsets are unique, so the heap's least valid entry is the
+    map's least offset)."""
+
+    __slots__ = ("heap", "source")
+
+    def __init__(self, source: dict[str, int]) -> None:
+        self.source = source
+        self.heap = [(offset, name) for name, offset in source.items()]
+        heapq.heapify(self.heap)
+
+
+def _oldest(state: ProjectedState) -> str:
+    """The id in ``finished_preemptions`` with the least offset."""
+    finished = state.finished_preemptions
+    order = state.finished_order
+    if not isinstance(order, _FinishedOrder) or order.source is not finished:
+        order = state.finished_order = _FinishedOrder(finished)
+    heap = order.heap
+    while heap:
+        offset, name = heap[0]
+        if finished.get(name) == offset:
+            heapq.heappop(heap)
+            return name
+        heapq.heappop(heap)
+    raise KeyError("finished_preemptions is empty")

@@ -259,8 +259,8 @@ def compared_keys(node: QuotaNode) -> list[str]:
     return sorted(node.used.keys() | node.runtime.keys())
 
 
-def _fits_runtime(used: Mapping[str, int], node: QuotaNode, keys: list[str]) -> bool:
-    return all(used.get(key, 0) <= node.runtime.get(key, 0) for key in keys)
+def _fits_runtime(used: Mapping[str, int], runtime: Mapping[str, int], keys: list[str]) -> bool:
+    return all(used.get(key, 0) <= runtime.get(key, 0) for key in keys)
 
 
 def revoke_target(node: QuotaNode) -> RL:
@@ -286,9 +286,10 @@ def overuse_plan(state: ProjectedState, queue: str) -> Plan | None:
     candidates = [pod for pod in _evictable(state, node) if pod.preemptible]
     candidates.sort(key=revoke_sort_key)
     remaining = dict(node.used)
+    runtime = node.runtime
     removed: list[tuple[int, PodUpserted]] = []
     for rank, pod in enumerate(candidates):
-        if _fits_runtime(remaining, node, keys):
+        if _fits_runtime(remaining, runtime, keys):
             break
         removed.append((rank, pod))
         for key, value in pod.requests.items():
@@ -297,9 +298,10 @@ def overuse_plan(state: ProjectedState, queue: str) -> Plan | None:
     for _, pod in reversed(removed):
         trial = dict(remaining)
         add_into(trial, pod.requests)
-        if _fits_runtime(trial, node, keys):
+        if _fits_runtime(trial, runtime, keys):
             remaining = trial
             kept.add(pod.uid)
+    used, runtime = sparse(node.used), sparse(runtime)
     victims = [
         Victim(
             pod_uid=pod.uid,
@@ -308,8 +310,8 @@ def overuse_plan(state: ProjectedState, queue: str) -> Plan | None:
             explain={
                 "rule": "overuse",
                 "queue": queue,
-                "used": sparse(node.used),
-                "runtime": sparse(node.runtime),
+                "used": dict(used),
+                "runtime": dict(runtime),
                 "max": node.config.max,
                 "guaranteed": sparse(node.config.min),
                 "target": target,
@@ -361,7 +363,7 @@ def reclaim_plan(state: ProjectedState, uid: str) -> Plan | None:
     then lower priority, later start, uid; an owing quota gives at most what it
     owed at the start; the last victim may overshoot (§8 rules 32-33). None
     when there is nothing to take or no victim is possible (nothing recorded)."""
-    from .clocks import free_capacity, is_owing, is_starving
+    from .clocks import free_capacity, is_starving, owing_quotas
 
     settle(state)
     if uid not in state.pending_pods or not is_starving(state, uid, free_capacity(state)):
@@ -372,8 +374,10 @@ def reclaim_plan(state: ProjectedState, uid: str) -> Plan | None:
         return None
     budgets: dict[str, RL] = {}
     ranked: list[tuple[tuple[Any, ...], PodUpserted, str]] = []
-    for name, node in state.quotas.items():
-        if name == queue or name in state.occupied or not is_owing(node):
+    # the owing quotas (the others give nothing), in name order
+    for name in sorted(owing_quotas(state)):
+        node = state.quotas[name]
+        if name == queue or name in state.occupied:
             continue
         gap = {key: value for key, value in owed(node).items() if key in target}
         if not gap:

@@ -15,7 +15,7 @@ the charged ``usage``.
 
 from __future__ import annotations
 
-from .columns import KeyColumns
+from .columns import KeyColumns, QuotaColumns
 from .state import ProjectedState, QuotaNode
 from .terms import Terms
 
@@ -28,13 +28,28 @@ def terms_for(node: QuotaNode) -> Terms:
     return terms
 
 
-def recompute_node(state: ProjectedState, node: QuotaNode, children: list[QuotaNode]) -> bool:
+#: What a parent reads of one child for one resource, as changes:
+#: ``[limited request, used, subtree − local, max(0, usage − local)]``.
+Change = list[int]
+
+
+def recompute_node(
+    state: ProjectedState, node: QuotaNode, children: list[QuotaNode]
+) -> tuple[bool, list[str], dict[str, Change]]:
     """Refresh one quota's bottom-up numbers, in its row of the state's
     columns, from its pod sums or its children's rows.
 
-    Returns True when any of them changed (its parent reads the limited
+    Returns whether any of them changed (its parent reads the limited
     request, used, subtree, local and usage; min only changes with a
-    configuration, which marks the parent itself).
+    configuration, which marks the parent itself); the resources whose
+    limited request changed in a way the parent's water-fill sees; and, per
+    resource, how what the parent reads of it changed (:func:`apply_changes`).
+
+    A quota that borrowed and stayed below its limited request before and
+    after the change (its runtime under both the old and the new one) is given
+    the same runtime whatever that limited request is, and so is every sibling
+    (§5 Runtime step 3: a borrower is capped only where it reaches its limited
+    request), so those resources are left out of the second (DECISIONS 250).
     """
     config = node.config
     terms = terms_for(node)
@@ -47,6 +62,8 @@ def recompute_node(state: ProjectedState, node: QuotaNode, children: list[QuotaN
     config_min = config.min
     child_mins = [child.config.min for child in children] if is_parent else []
     changed = False
+    moved: list[str] = []
+    changes: dict[str, Change] = {}
     for columns in store.by_key:
         key = columns.key
         if is_parent:
@@ -82,21 +99,101 @@ def recompute_node(state: ProjectedState, node: QuotaNode, children: list[QuotaN
             kept = subtree - lending.get(key, 0)
             if kept > 0:
                 local = kept
-        if (
-            columns.request[row] != request
-            or columns.limited_request[row] != limited
-            or columns.used[row] != used
-            or columns.subtree[row] != subtree
-            or columns.local[row] != local
-            or columns.usage[row] != usage
-        ):
+        if _stored(store, columns, row, request, limited, used, subtree, local, usage, changes):
             changed = True
-            try:
-                _store(columns, row, request, limited, used, subtree, local, usage)
-            except OverflowError:
-                store.widen(columns)
-                _store(columns, row, request, limited, used, subtree, local, usage)
-    return changed
+            delta = changes[key][0]
+            if delta:
+                runtime = columns.runtime[row]
+                if not (runtime < limited - delta and runtime < limited):
+                    moved.append(key)
+    return changed, moved, changes
+
+
+def apply_changes(
+    state: ProjectedState, node: QuotaNode, children_changes: dict[str, Change]
+) -> tuple[bool, list[str], dict[str, Change]] | None:
+    """:func:`recompute_node` for a parent whose own configuration and children
+    stayed the same, from how its children's numbers changed: its sums move
+    by those changes (each is a sum over the children; ``subtree`` is its own
+    nominal, a constant, plus one), so only the resources that moved cost
+    anything and no child is read. None when that cannot be done: a request
+    floored at the reserve does not tell the sum under it."""
+    terms = terms_for(node)
+    reserved = terms.reserved
+    if reserved and any(key in reserved for key in children_changes):
+        return None
+    store = state.columns
+    row = node.row
+    caps, lending = terms.caps, terms.lending
+    changed = False
+    moved: list[str] = []
+    changes: dict[str, Change] = {}
+    for key in sorted(children_changes):
+        d_limited, d_used, d_contributed, d_charged = children_changes[key]
+        columns = store.columns[key]
+        request = columns.request[row] + d_limited
+        used = columns.used[row] + d_used
+        subtree = columns.subtree[row] + d_contributed
+        usage = columns.usage[row] + d_charged
+        cap = caps.get(key)
+        limited = cap if cap is not None and cap < request else request
+        local = 0
+        if lending is not None and key in lending:
+            kept = subtree - lending.get(key, 0)
+            if kept > 0:
+                local = kept
+        if _stored(store, columns, row, request, limited, used, subtree, local, usage, changes):
+            changed = True
+            delta = changes[key][0]
+            if delta:
+                runtime = columns.runtime[row]
+                if not (runtime < limited - delta and runtime < limited):
+                    moved.append(key)
+    return changed, moved, changes
+
+
+def _stored(
+    store: QuotaColumns,
+    columns: KeyColumns,
+    row: int,
+    request: int,
+    limited: int,
+    used: int,
+    subtree: int,
+    local: int,
+    usage: int,
+    changes: dict[str, Change],
+) -> bool:
+    """Store one resource's bottom-up numbers in ``row``; when any changed,
+    record in ``changes`` how what the parent reads moved, and return True."""
+    old_limited = columns.limited_request[row]
+    old_used = columns.used[row]
+    old_subtree = columns.subtree[row]
+    old_local = columns.local[row]
+    old_usage = columns.usage[row]
+    if (
+        columns.request[row] == request
+        and old_limited == limited
+        and old_used == used
+        and old_subtree == subtree
+        and old_local == local
+        and old_usage == usage
+    ):
+        return False
+    try:
+        _store(columns, row, request, limited, used, subtree, local, usage)
+    except OverflowError:
+        store.widen(columns)
+        _store(columns, row, request, limited, used, subtree, local, usage)
+    old_charged = old_usage - old_local
+    charged = usage - local
+    changes[columns.key] = [
+        limited - old_limited,
+        used - old_used,
+        (subtree - local) - (old_subtree - old_local),
+        (charged if charged > 0 else 0) - (old_charged if old_charged > 0 else 0),
+    ]
+    return True
 
 
 def _store(

@@ -119,9 +119,23 @@ def water_fill_ordered(
 ) -> list[int]:
     """:func:`water_fill` over parallel lists whose positions are in name
     order, so the largest-remainder tie-break goes to the smaller position.
-    Returns each borrower's final amount (a new list)."""
+    Returns each borrower's final amount (a new list).
+
+    A pool that covers every weighted borrower's way to its cap fills them
+    all to their caps: each round hands out the whole pool and what a capped
+    borrower does not take comes back, so the pool stays at least the
+    borrowers' remaining way up until all are capped. That case is taken
+    at once, without the rounds (the same result)."""
     result = list(starts)
     active = [i for i, weight in enumerate(weights) if weight > 0 and result[i] < caps[i]]
+    if active:
+        need = 0
+        for i in active:
+            need += caps[i] - result[i]
+        if pool >= need:
+            for i in active:
+                result[i] = caps[i]
+            return result
     while pool > 0 and active:
         shares = split_ordered(pool, [weights[i] for i in active])
         excess = 0

@@ -11,7 +11,7 @@ runtime ≤ the amount shared.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from .request import terms_for
 from .resources import water_fill_ordered
@@ -23,23 +23,28 @@ def distribute(
     total: Mapping[str, int] | int,
     children: list[QuotaNode],
     min_scaling: bool,
-) -> list[bool]:
+    keys: Collection[str] | None = None,
+) -> list[dict[str, int] | None]:
     """Runtime and effective min of each child of one parent, into the
     children's rows of the state's columns.
 
     ``children`` must be sorted by name (the water-fill's tie-break). The
     amount shared is ``total`` per resource, or, as an int, the runtime row of
-    the parent. Returns, aligned with ``children``, whether each one's runtime
-    changed.
+    the parent. Only the resources in ``keys`` are filled when given (the
+    others' inputs did not change, so neither did their numbers). Returns,
+    aligned with ``children``, the resources whose runtime changed with the
+    runtime each had before (None when none changed).
     """
     store = state.columns
     count = len(children)
     rows = [child.row for child in children]
-    changed = [False] * count
+    changed: list[dict[str, int] | None] = [None] * count
     config_mins = [child.config.min for child in children]
     weight_maps = [terms_for(child).weights for child in children]
     for columns in store.by_key:
         key = columns.key
+        if keys is not None and key not in keys:
+            continue
         amount = columns.runtime[total] if isinstance(total, int) else total.get(key, 0)
         limited = columns.limited_request
         wants = [limited[row] for row in rows]
@@ -50,6 +55,12 @@ def distribute(
         runtime_col, effective_col = columns.runtime, columns.effective_min
         if min_sum == 0 and not any(wants):
             runtime = mins = wants  # nothing asked, nothing guaranteed: all 0
+        elif amount >= sum(wants) and all(
+            weight_maps[i].get(key, amount) > 0 for i in range(count) if wants[i] > mins[i]
+        ):
+            # enough for every limited request and every borrower weighted:
+            # the water-fill caps each borrower at its limited request (step 3)
+            runtime = wants
         else:
             runtime = list(wants)
             borrowers: list[int] = []
@@ -76,9 +87,14 @@ def distribute(
         # every value is ≤ a limited request or a min already stored: no widening
         if [runtime_col[row] for row in rows] != runtime:
             for i, row in enumerate(rows):
-                if runtime_col[row] != runtime[i]:
+                before = runtime_col[row]
+                if before != runtime[i]:
                     runtime_col[row] = runtime[i]
-                    changed[i] = True
+                    moved = changed[i]
+                    if moved is None:
+                        changed[i] = {key: before}
+                    else:
+                        moved[key] = before
         if [effective_col[row] for row in rows] != mins:
             for i, row in enumerate(rows):
                 effective_col[row] = mins[i]

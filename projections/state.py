@@ -280,6 +280,14 @@ class ProjectedState:
     # each parent's children in name order while ``tree_version`` stays the
     # same (key "": the version and the quotas they were listed from)
     sorted_children: dict[str, Any] = field(default_factory=dict)
+    # the quotas that owe now, kept between reclaims (``clocks.owing_quotas``)
+    owing_index: object = None
+    # ``finished_preemptions`` by offset (``guard.remember_finished``: the oldest
+    # is dropped past FINISHED_KEPT without a scan)
+    finished_order: object = None
+    # the armed timers in firing order between an engine's looks
+    # (``projections.timers.TimerIndex``; made by its first reader)
+    timer_index: object = None
     # every quota's numbers, one row each (DECISIONS 150; ``QuotaNode.store``)
     columns: QuotaColumns = field(default_factory=QuotaColumns)
     # lazy recompute bookkeeping

@@ -4,48 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from quotaledger.events.times import rfc3339
+
 from .available import NumberReader, reported_available
 from .derive import settle
 from .fair_share import fair_shares, namespace_usage
 from .resources import RL, sparse
 from .state import DEFAULT, SYSTEM, NamespaceUsage, ProjectedState, QuotaNode
 from .state_digest import state_hash
-
-
-def rfc3339(ts_ms: int) -> str:
-    """A ledger ts as RFC 3339 UTC; milliseconds only when not whole seconds.
-
-    Exact integer arithmetic on the proleptic Gregorian calendar, for any
-    integer: decoding bounds every time to 1970 .. 9000 (§9), but whatever ts a
-    state holds (a deadline, a ledger written by something else), rendering it
-    must not fail. A year outside 0000 .. 9999 is written with its sign and all
-    its digits (the extended form of ISO 8601), so it is still unambiguous.
-    """
-    days, ms = divmod(ts_ms, 86_400_000)
-    seconds, milli = divmod(ms, 1000)
-    minutes, second = divmod(seconds, 60)
-    hour, minute = divmod(minutes, 60)
-    year, month, day = _civil(days)
-    sign = "" if 0 <= year <= 9999 else ("+" if year > 0 else "-")
-    text = f"{sign}{abs(year):04d}" if not sign else f"{sign}{abs(year):06d}"
-    text += f"-{month:02d}-{day:02d}T{hour:02d}:{minute:02d}:{second:02d}"
-    return text + (f".{milli:03d}Z" if milli else "Z")
-
-
-def _civil(days: int) -> tuple[int, int, int]:
-    """Year, month and day of ``days`` since 1970-01-01 (proleptic Gregorian;
-    the civil-from-days algorithm over 400-year eras of 146,097 days)."""
-    days += 719_468  # days from 0000-03-01 to 1970-01-01
-    era, day_of_era = divmod(days, 146_097)
-    year_of_era = (
-        day_of_era - day_of_era // 1460 + day_of_era // 36_524 - day_of_era // 146_096
-    ) // 365
-    day_of_year = day_of_era - (365 * year_of_era + year_of_era // 4 - year_of_era // 100)
-    shifted_month = (5 * day_of_year + 2) // 153  # March = 0
-    day = day_of_year - (153 * shifted_month + 2) // 5 + 1
-    month = shifted_month + 3 if shifted_month < 10 else shifted_month - 9
-    year = year_of_era + era * 400 + (1 if month <= 2 else 0)
-    return year, month, day
 
 
 def _config_rl(amounts: RL | None) -> RL | None:

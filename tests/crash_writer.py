@@ -25,8 +25,9 @@ import json
 import random
 import sys
 
-from quotaledger.adapters.sqlite_ledger import SqliteLedger, wall_clock_ms
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 from quotaledger.events.ledger import Append
+from quotaledger.events.times import wall_clock_ms
 
 
 def payload(tag: str, worker: int, seq: int, first: int, size: int) -> bytes:

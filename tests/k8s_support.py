@@ -17,7 +17,7 @@ from quotaledger.adapters.kubernetes.watcher import (
     LedgerSink,
     WatchOptions,
 )
-from quotaledger.adapters.sqlite_ledger import SqliteLedger
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 from quotaledger.events.ledger import Record
 from quotaledger.projections import Projection
 from quotaledger.projections.state import ProjectedState

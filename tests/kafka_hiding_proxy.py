@@ -77,6 +77,10 @@ class HidingProxy:
         self.port = port if port is not None else free_port()
         #: Which batches Fetch responses leave out (None: none).
         self.hide: Hide | None = None
+        #: The log start offset Fetch responses (v5+) report, leaving out the
+        #: batches wholly before it, as a broker whose retention deleted them
+        #: (None: as the broker says).
+        self.log_start: int | None = None
         #: Fetch responses from which a batch was left out.
         self.altered = 0
         self._server: asyncio.Server | None = None
@@ -147,7 +151,7 @@ class HidingProxy:
         while (frame := await self._frame(reader)) is not None:
             (correlation,) = struct.unpack_from(">i", frame)
             key, version = asked.pop(correlation, (-1, -1))
-            if key == _FETCH and self.hide is not None:
+            if key == _FETCH and (self.hide is not None or self.log_start is not None):
                 frame = frame[:4] + self._hide(_RESPONSES[version], frame[4:])
             writer.write(struct.pack(">i", len(frame)) + frame)
             await writer.drain()
@@ -156,12 +160,19 @@ class HidingProxy:
         response = response_type.decode(BytesIO(body))
         changed = False
         topics = []
+        hide, start = self.hide, self.log_start
+        if start is not None:
+            hide = _deleted_before(start, hide)
         for topic, partitions in response.topics:
             kept = []
             for partition in partitions:
                 *head, data = partition
-                if data and self.hide is not None:
-                    shown = without(data, self.hide)
+                # head: partition, error, highwater, last stable, log start (v5+), ...
+                if start is not None and response_type.API_VERSION >= 5 and head[4] < start:
+                    head[4] = start
+                    changed = True
+                if data and hide is not None:
+                    shown = without(data, hide)
                     changed = changed or shown != data
                     data = shown
                 kept.append((*head, data))
@@ -172,6 +183,11 @@ class HidingProxy:
         fields = [getattr(response, name) for name in response.SCHEMA.names]
         fields[response.SCHEMA.names.index("topics")] = topics
         return bytes(response_type(*fields).encode())
+
+
+def _deleted_before(start: int, hide: Hide | None) -> Hide:
+    """``hide``, and also the batches wholly before offset ``start``."""
+    return lambda base, last, batch: last < start or (hide is not None and hide(base, last, batch))
 
 
 class ProxiedTansu(Tansu):

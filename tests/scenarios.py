@@ -47,11 +47,19 @@ def state_of(events: Iterable[Event]) -> dict[str, Any]:
 
 
 #: The engine's sampling bookkeeping (what changed since its last sample of the
-#: clocks): a restored state starts with a full sample instead (DECISIONS 13).
-SAMPLING = {"touched", "touched_pods", "free_at_sample", "starving_full"}
+#: clocks): a restored state starts with a full sample instead (DECISIONS 13);
+#: and its timers in firing order, which a restored state lists afresh.
+SAMPLING = {
+    "touched",
+    "touched_pods",
+    "free_at_sample",
+    "starving_full",
+    "timer_index",
+    "owing_index",
+}
 #: The array recompute's walk of the tree and its version (``projections.arrays``):
 #: a cache, rebuilt when missing, not part of what a state is.
-TREE_CACHE = {"tree_version", "tree_arrays", "sorted_children", "reconfigured"}
+TREE_CACHE = {"tree_version", "tree_arrays", "sorted_children", "reconfigured", "finished_order"}
 #: Where the quotas' numbers are stored (``projections.columns``): compared
 #: through each quota's numbers (``NUMBERS``), not as storage.
 STORAGE = {"columns"}

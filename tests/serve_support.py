@@ -13,7 +13,7 @@ import aiohttp
 from quotaledger.adapters.cli import main as cli_main
 from quotaledger.adapters.http.options import ServeOptions
 from quotaledger.adapters.http.server import Server
-from quotaledger.adapters.sqlite_ledger import SqliteLedger
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TOKEN = "test-token-0123456789"

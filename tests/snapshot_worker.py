@@ -14,16 +14,16 @@ import sys
 import threading
 import time
 
-from quotaledger.adapters import sqlite_ledger
 from quotaledger.adapters.cli import main
-from quotaledger.adapters.sqlite_ledger import SqliteLedger
+from quotaledger.adapters.ledgers.sqlite import snapshots
+from quotaledger.adapters.ledgers.sqlite.snapshots import SnapshotRows
 
-sqlite_ledger.SNAPSHOT_PART_BYTES = 500
-_real = SqliteLedger._before_part
+snapshots.SNAPSHOT_PART_BYTES = 500
+_real = SnapshotRows.before_part
 _count = 0
 
 
-def _before_part(self: SqliteLedger, cancel: threading.Event) -> None:
+def _before_part(self: SnapshotRows, cancel: threading.Event) -> None:
     global _count
     _count += 1
     print(f"part {_count}", file=sys.stderr, flush=True)
@@ -31,7 +31,7 @@ def _before_part(self: SqliteLedger, cancel: threading.Event) -> None:
     _real(self, cancel)
 
 
-SqliteLedger._before_part = _before_part  # type: ignore[method-assign]
+SnapshotRows.before_part = _before_part  # type: ignore[method-assign]
 
 if __name__ == "__main__":
     sys.exit(main(["run", *sys.argv[1:], "--instance", "worker"]))

@@ -15,7 +15,8 @@ from quotaledger.engine.audit.decisions import Auditor
 from quotaledger.engine.audit.lagging import LaggingFold
 from quotaledger.engine.simulate import Simulation
 from quotaledger.events.ledger import Record
-from quotaledger.projections import Projection, rfc3339, state_json
+from quotaledger.events.times import rfc3339
+from quotaledger.projections import Projection, state_json
 
 REPO = Path(__file__).resolve().parent.parent
 QUOTA_DECREASE = REPO / "examples" / "quota-decrease.jsonl"

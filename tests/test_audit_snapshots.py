@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quotaledger.adapters.cli import main
-from quotaledger.adapters.sqlite_ledger import SqliteLedger
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 from quotaledger.engine.audit import AuditReport, audit, report_json, report_text
 from quotaledger.engine.audit import decisions as decisions_module
 from quotaledger.engine.audit.digests import chain_pass

@@ -478,9 +478,9 @@ def test_console_script_help(tmp_path: Path) -> None:
 
 def _sqlite_ready() -> str | None:
     try:
-        from quotaledger.adapters.sqlite_ledger import SqliteLedger  # noqa: F401
+        from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger  # noqa: F401
     except Exception as exc:  # pragma: no cover - depends on another agent's work
-        return f"quotaledger.adapters.sqlite_ledger is not importable yet: {exc!r}"
+        return f"quotaledger.adapters.ledgers.sqlite.ledger is not importable yet: {exc!r}"
     return None
 
 

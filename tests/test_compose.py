@@ -50,7 +50,7 @@ def test_every_quotaledger_command_parses_with_the_cli() -> None:
     demo = commands["demo"]
     assert demo.handler.__name__ == "cmd_demo" and demo.serve is False and demo.speed == 1
     try:  # the Kafka backend's URL parser, once it is part of the package
-        urls = importlib.import_module("quotaledger.adapters.ledger_url")
+        urls = importlib.import_module("quotaledger.adapters.ledgers.url")
     except ModuleNotFoundError:
         urls = None
     for url in (serve.ledger, demo.kafka):

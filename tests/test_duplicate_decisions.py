@@ -14,7 +14,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quotaledger.adapters.jsonl import ledger_id_for, read_lines
+from quotaledger.adapters.ledgers.jsonl import ledger_id_for, read_lines
 from quotaledger.engine.core import EngineCore
 from quotaledger.engine.simulate import Simulation
 from quotaledger.events.codec import decode_event, encode_event

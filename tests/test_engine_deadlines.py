@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from quotaledger.adapters.sqlite_ledger import SqliteLedger
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 from quotaledger.engine.core import EngineCore
 from quotaledger.engine.live import LiveEngine, SimulateExecutor
 from quotaledger.engine.simulate import Simulation

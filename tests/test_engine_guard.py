@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from quotaledger.adapters.sqlite_ledger import SqliteLedger
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 from quotaledger.engine.core import EngineCore
 from quotaledger.engine.live import LiveEngine, SimulateExecutor
 from quotaledger.events.codec import decode_event, encode_event

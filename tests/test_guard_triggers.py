@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quotaledger.adapters.cli import main
-from quotaledger.adapters.sqlite_ledger import SqliteLedger
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 from quotaledger.engine.audit import audit, report_text
 from quotaledger.engine.core import EngineCore, Timer
 from quotaledger.engine.live import LiveEngine, SimulateExecutor
@@ -48,7 +48,8 @@ from quotaledger.events.model import (
     QuotaUpserted,
     SettingsChanged,
 )
-from quotaledger.projections import Projection, guard, rfc3339
+from quotaledger.events.times import rfc3339
+from quotaledger.projections import Projection, guard
 from quotaledger.projections.plans import decrease_target
 from quotaledger.projections.state import ProjectedState
 

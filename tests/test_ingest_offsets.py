@@ -16,7 +16,7 @@ from pathlib import Path
 import msgspec
 
 from quotaledger.adapters.cli.ledger import IngestProgress
-from quotaledger.adapters.ledger_url import open_ledger
+from quotaledger.adapters.ledgers.url import open_ledger
 from quotaledger.events.ledger import Append, Ledger, Record
 from tests.cli_process import cli
 from tests.tansu import Tansu

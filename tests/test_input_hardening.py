@@ -24,8 +24,8 @@ import pytest
 
 from quotaledger.adapters.cli import build_parser, main
 from quotaledger.events.model import PodUpserted, QuotaUpserted
-from quotaledger.events.times import MAX_DELAY_S
-from quotaledger.projections import Projection, rfc3339, state_json
+from quotaledger.events.times import MAX_DELAY_S, rfc3339
+from quotaledger.projections import Projection, state_json
 
 REPO = Path(__file__).resolve().parent.parent
 EXE = Path(sys.executable).parent / "quotaledger"

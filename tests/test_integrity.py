@@ -19,14 +19,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quotaledger.adapters.cli import main
-from quotaledger.adapters.jsonl import records as jsonl_records
-from quotaledger.adapters.sqlite_ledger import SqliteLedger, _connect_read_only
+from quotaledger.adapters.ledgers.jsonl import records as jsonl_records
+from quotaledger.adapters.ledgers.sqlite.connection import connect_read_only
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 from quotaledger.engine.live import LiveEngine, SimulateExecutor
 from quotaledger.engine.restore import restore
 from quotaledger.engine.simulate import Simulation
 from quotaledger.events.codec import encode_event
-from quotaledger.events.digest import GENESIS, DigestChain, LedgerGap
-from quotaledger.events.ledger import Append, Record
+from quotaledger.events.digest import GENESIS, DigestChain
+from quotaledger.events.ledger import Append, LedgerGap, Record
 from quotaledger.events.model import LedgerDigest
 from quotaledger.projections import Projection, state_hash, state_json
 
@@ -556,7 +557,7 @@ def test_read_only_fallback_to_immutable(
     """The URI fallback itself: when ``mode=ro`` cannot open (here: forced with a VFS
     that does not exist), ``immutable=1`` reads the file."""
     ledger = _ledger_in(tmp_path / "d", capsys)
-    conn, params = _connect_read_only(
+    conn, params = connect_read_only(
         str(ledger), 1000, tries=("mode=ro&vfs=no-such-vfs", "mode=ro&immutable=1")
     )
     assert params == "mode=ro&immutable=1"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from quotaledger.adapters.ledger_url import open_ledger
+from quotaledger.adapters.ledgers.url import open_ledger
 from quotaledger.events.codec import decode_event
 from quotaledger.events.ledger import Ledger, Record
 from quotaledger.events.model import LeaderElected, PodUpserted

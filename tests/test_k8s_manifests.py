@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from quotaledger.adapters.cli import build_parser
-from quotaledger.adapters.ledger_url import parse_ledger_url
+from quotaledger.adapters.ledgers.url import parse_ledger_url
 
 from .k8s_api_server import ApiServer
 

@@ -19,7 +19,7 @@ import pytest
 from quotaledger.adapters.cli import build_parser
 from quotaledger.adapters.kubernetes.cluster import run_on_cluster
 from quotaledger.adapters.kubernetes.options import ClusterOptions
-from quotaledger.adapters.sqlite_ledger import SqliteLedger
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 from quotaledger.events.codec import decode_event
 from quotaledger.events.model import (
     LeaderElected,

@@ -15,8 +15,8 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # type: ignore[import-untyped]
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
 
-from quotaledger.adapters.kafka_executor import KafkaExecutor
-from quotaledger.adapters.kafka_ledger import KafkaLedger
+from quotaledger.adapters.ledgers.kafka.executor import KafkaExecutor
+from quotaledger.adapters.ledgers.kafka.ledger import KafkaLedger
 from quotaledger.events.codec import decode_event
 from quotaledger.events.model import EvictionFailed, EvictionSucceeded, PodUpserted
 from quotaledger.projections.state import EvictionRun, ProjectedState

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Sequence
 import msgspec
 import pytest
 
-from quotaledger.adapters.kafka_ledger import KafkaLedger
+from quotaledger.adapters.ledgers.kafka.ledger import KafkaLedger
 from quotaledger.engine.live import LiveEngine, SimulateExecutor
 from quotaledger.events.codec import decode_event
 from quotaledger.events.ledger import Append, Record

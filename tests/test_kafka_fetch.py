@@ -1,4 +1,4 @@
-"""The Kafka ledger's read path by Fetch requests (adapters/kafka_fetch.py, DESIGN §10).
+"""The Kafka ledger's read path by Fetch requests (adapters/ledgers/kafka/fetch.py, DESIGN §10).
 
 Record batches are real Kafka bytes built by aiokafka's own batch builder; the
 end-to-end tests publish to a real tansu broker, control batches included (tansu
@@ -15,10 +15,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quotaledger.adapters.kafka_fetch import Fetched, PartitionFetcher, record_batches
-from quotaledger.adapters.kafka_ledger import GapJudge, KafkaLedger, LedgerGap, sequence
+from quotaledger.adapters.ledgers.kafka.fetch import Fetched, PartitionFetcher, record_batches
+from quotaledger.adapters.ledgers.kafka.ledger import KafkaLedger
+from quotaledger.adapters.ledgers.kafka.walk import GapJudge, sequence
 from quotaledger.events.codec import decode_event
-from quotaledger.events.ledger import Append, LedgerError, LedgerMismatch, Record, Snapshot
+from quotaledger.events.ledger import (
+    Append,
+    LedgerError,
+    LedgerGap,
+    LedgerMismatch,
+    Record,
+    Snapshot,
+)
 from quotaledger.events.model import FactRejected
 from tests.kafka_batches import batch_bytes, publish_raw
 from tests.tansu import Tansu
@@ -271,7 +279,7 @@ async def test_reads_resume_inside_a_batch_with_the_same_ts(
                     tansu.bootstrap, topic, create=False, snapshots=snapshots
                 )
                 try:
-                    fresh.fetch_bytes = restarted.fetch_bytes = fetch_bytes
+                    fresh.reads.fetch_bytes = restarted.reads.fetch_bytes = fetch_bytes
                     assert await read_all(fresh, start) == whole[start:]
                     snapshot = await restarted.load_snapshot()
                     assert snapshot is not None and snapshot.offset == start - 1
@@ -287,7 +295,7 @@ async def test_many_small_fetches_and_an_abandoned_read(tansu: Tansu, topic: str
     """Fetches of one batch each (a prefetch always in flight): the records come
     whole and in order; a read left after its first batch leaves nothing running."""
     ledger = await KafkaLedger.open(tansu.bootstrap, topic, opened_at_ms=0)
-    ledger.fetch_bytes = 64
+    ledger.reads.fetch_bytes = 64
     try:
         for first in range(1, 61, 6):
             await ledger.append([Append(value(first + i)) for i in range(6)])
@@ -310,7 +318,7 @@ async def test_a_read_without_broker_ends_with_a_clear_error(topic: str) -> None
     broker = Tansu().start()
     try:
         ledger = await KafkaLedger.open(broker.bootstrap, topic, opened_at_ms=0)
-        ledger.read_timeout_s = 1.0
+        ledger.reads.read_timeout_s = 1.0
         broker.stop()
         with pytest.raises(LedgerError, match=r"cannot connect|no answer from the broker"):
             await read_all(ledger)
@@ -327,8 +335,8 @@ async def test_a_broker_lost_mid_read_ends_the_read_with_a_clear_error(topic: st
         ledger = await KafkaLedger.open(broker.bootstrap, topic, opened_at_ms=0)
         for first in range(1, 31, 10):
             await ledger.append([Append(value(first + i)) for i in range(10)])
-        ledger.fetch_bytes = 64  # one batch per fetch
-        ledger.read_timeout_s = 5.0  # longer than stopping the broker takes: it retries
+        ledger.reads.fetch_bytes = 64  # one batch per fetch
+        ledger.reads.read_timeout_s = 5.0  # longer than stopping the broker takes: it retries
         seen: list[int] = []
         with pytest.raises(LedgerError, match="no answer from the broker for 5 s"):
             async for batch in ledger.read(0):
@@ -350,7 +358,7 @@ async def test_out_of_range_answers_are_judged(tansu: Tansu, topic: str) -> None
         await ledger.append([Append(value(i)) for i in range(1, 6)])
 
         def judge(position: int, log_start: int) -> Any:
-            return ledger._out_of_range(Fetched([], position, None, log_start, True), position)
+            return ledger.reads.out_of_range(Fetched([], position, None, log_start, True), position)
 
         with pytest.raises(LedgerGap, match="offset 0 is no longer in the partition"):
             judge(0, 3)
@@ -371,7 +379,7 @@ async def test_closing_the_ledger_ends_a_follower_cleanly(tansu: Tansu, topic: s
     ahead while it handled a batch, waiting at the broker for new records) ends
     its loop without an error; so does one closed between two batches."""
     ledger = await KafkaLedger.open(tansu.bootstrap, topic, opened_at_ms=0, poll_ms=3000)
-    ledger.fetch_bytes = 64  # one batch per response: a fetch sent ahead after each
+    ledger.reads.fetch_bytes = 64  # one batch per response: a fetch sent ahead after each
     await ledger.append([Append(value(1))])
     await ledger.append([Append(value(2))])
     seen: list[int] = []
@@ -393,7 +401,7 @@ async def test_closing_the_ledger_ends_a_follower_cleanly(tansu: Tansu, topic: s
     assert seen == [0, 1, 2]
 
     again = await KafkaLedger.open(tansu.bootstrap, topic, create=False)
-    again.fetch_bytes = 64
+    again.reads.fetch_bytes = 64
     offsets: list[int] = []
     async for batch in again.read(0, follow=True):
         offsets.extend(r.offset for r in batch)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import random
@@ -26,10 +27,11 @@ from collections.abc import AsyncIterator, Iterator
 import msgspec
 import pytest
 
-from quotaledger.adapters import kafka_ledger
-from quotaledger.adapters.kafka_ledger import KafkaLedger, LedgerGap
+from quotaledger.adapters.ledgers.kafka import reader as kafka_reader
+from quotaledger.adapters.ledgers.kafka.ledger import KafkaLedger
 from quotaledger.engine.live import LiveEngine, ReadBackError, SimulateExecutor
-from quotaledger.events.ledger import Append, LedgerError, Record
+from quotaledger.events.ledger import Append, LedgerError, LedgerGap, Record
+from tests.cli_process import cli
 from tests.kafka_batches import batch_bytes, publish_raw
 from tests.kafka_hiding_proxy import HidingProxy, ProxiedTansu, hiding_bytes, hiding_offsets
 from tests.tansu import Tansu
@@ -158,7 +160,9 @@ async def test_a_later_batch_readable_first_is_waited_for(
                 range(10, 14)
             )
             await until(
-                lambda: all(f.ledger.hole_waits or f.error or f.offset > 5 for f in followers),
+                lambda: all(
+                    f.ledger.reads.hole_waits or f.error or f.offset > 5 for f in followers
+                ),
                 30,
                 "a wait at offset 6",
             )
@@ -166,7 +170,7 @@ async def test_a_later_batch_readable_first_is_waited_for(
             for follower in followers:
                 assert follower.error is None, follower.error
                 assert follower.offset == 5, [r.offset for r in follower.records]
-                assert follower.ledger.hole_waits == 1
+                assert follower.ledger.reads.hole_waits == 1
             proxy.hide = None
             for follower in followers:
                 await follower.until(13)
@@ -221,12 +225,12 @@ async def test_the_wait_ends_in_a_gap_or_a_logged_fill(
                 assert "offsets 4..5 held no record for" in caplog.text
                 assert "while offset 6 was readable" in caplog.text
                 # judged once per handle: a second read fills at once
-                started, waits = time.monotonic(), filling.hole_waits
+                started, waits = time.monotonic(), filling.reads.hole_waits
                 again: list[Record] = []
                 async for batch in filling.read(0):
                     again.extend(batch)
                 assert again == records and time.monotonic() - started < 0.5
-                assert filling.hole_waits == waits
+                assert filling.reads.hole_waits == waits
             finally:
                 await filling.close()
         finally:
@@ -240,7 +244,7 @@ async def test_a_paused_broker_does_not_count_as_patience(
     broker paused (SIGSTOP, a long GC pause) with a write in flight resumes and
     stores it; the pause must not count, or the first fetch after it would fill
     offsets that are about to be readable (DECISIONS 200)."""
-    monkeypatch.setattr(kafka_ledger, "HOLE_SEEN_GAP_S", 0.5)
+    monkeypatch.setattr(kafka_reader, "HOLE_SEEN_GAP_S", 0.5)
     async with proxy_for(proxied) as proxy:
         writer = await KafkaLedger.open(proxied.bootstrap, topic, opened_at_ms=0)
         follower = Follower(
@@ -254,7 +258,7 @@ async def test_a_paused_broker_does_not_count_as_patience(
             proxy.hide = hiding_offsets(2, 3)
             await writer.append([Append(fact("late"))])  # 2
             await writer.append([Append(fact("after"))])  # 3
-            await until(lambda: follower.ledger.hole_waits, 30, "a wait at offset 2")
+            await until(lambda: follower.ledger.reads.hole_waits, 30, "a wait at offset 2")
             assert proxied.proc is not None
             os.kill(proxied.proc.pid, signal.SIGSTOP)
             try:
@@ -325,16 +329,46 @@ async def test_opening_looks_at_record_0_only(proxied: ProxiedTansu, topic: str)
                     proxied.bootstrap, topic, create=False, poll_ms=20, gap_patience_s=3600
                 )
             # the opening did not even see the skip (it walks record 0 only)
-            assert reader.hole_waits == 0
+            assert reader.reads.hole_waits == 0
             follower = Follower(reader)
             try:
                 assert reader.ledger_id == writer.ledger_id
                 await follower.until(1)
-                await until(lambda: reader.hole_waits, 30, "a wait at offset 2")
+                await until(lambda: reader.reads.hole_waits, 30, "a wait at offset 2")
                 assert follower.offset == 1
                 proxy.hide = None
                 await follower.until(4)
                 assert [r.payload for r in follower.records[1:]] == [fact(name) for name in "abcd"]
+            finally:
+                await follower.close()
+        finally:
+            await writer.close()
+
+
+async def test_a_follower_stops_when_record_0_is_deleted(
+    proxied: ProxiedTansu, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retention (or DeleteRecords) deletes record 0 while a follower idles at
+    the tail: its check of record 0 (DECISIONS 76) finds the log starting at
+    offset 1, and the follower stops with LedgerGap saying so (DECISIONS 271),
+    after every record it had read, instead of warning at every check."""
+    async with proxy_for(proxied) as proxy:
+        writer = await KafkaLedger.open(proxied.bootstrap, topic, opened_at_ms=0)
+        try:
+            assert await writer.append([Append(fact("a")), Append(fact("b"))]) == [1, 2]
+            reader = await KafkaLedger.open(proxied.bootstrap, topic, create=False, poll_ms=20)
+            reader.reads.reset_check_s = 0.1
+            follower = Follower(reader)
+            try:
+                await follower.until(2)
+                proxy.log_start = 1
+                async with asyncio.timeout(20):
+                    await follower.task
+                assert isinstance(follower.error, LedgerGap), follower.error
+                assert "record 0 (LedgerOpened" in str(follower.error)
+                assert "the log now starts at offset 1" in str(follower.error)
+                assert [r.offset for r in follower.records] == [0, 1, 2]
+                assert "cannot check record 0" not in caplog.text
             finally:
                 await follower.close()
         finally:
@@ -377,6 +411,31 @@ async def test_a_ledger_with_a_proven_hole_opens_and_reads_up_to_it(
     assert [r.offset for r in filled] == list(range(7))
     assert [r.offset for r in filled if r.payload.startswith(FILLER)] == [4, 5]
     assert filled[6].payload == fact("after")
+
+
+async def test_audit_of_a_kafka_ledger_with_a_hole_reports_it_as_a_sqlite_gap(
+    tansu: Tansu, topic: str
+) -> None:
+    """``audit`` of a Kafka ledger whose reader stops at a proven hole (markers at
+    4..5): the records before it are audited, and the hole is reported as a
+    SQLite ledger's missing records are (TAMPERED gap, exit 1), with the
+    reader's reason on stderr; not an error that hides the records' audit."""
+    writer = await KafkaLedger.open(tansu.bootstrap, topic, opened_at_ms=0)
+    try:
+        assert await writer.append([Append(fact(f"a{i}")) for i in range(1, 4)]) == [1, 2, 3]
+        await publish_raw(tansu.bootstrap, topic, batch_bytes(0, [MARKER] * 2, control=True))
+        assert await writer.append([Append(fact("after"))]) == [6]
+    finally:
+        await writer.close()
+    url = tansu.url(topic)
+    done = await asyncio.to_thread(cli, "audit", url, "--json")
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert report["records"] == 4, report
+    assert "offsets 4..5 are transaction markers" in done.stderr
+    text = await asyncio.to_thread(cli, "audit", url)
+    assert text.returncode == 1, text.stderr
+    assert "TAMPERED record 4 is missing: the next record read is 6" in text.stdout
 
 
 async def test_every_record_before_a_proven_hole_is_handed_out(tansu: Tansu, topic: str) -> None:
@@ -508,7 +567,7 @@ async def test_readers_follow_three_concurrent_producers_identically(
             assert fresh[offset].payload == value, offset
         for follower in followers:
             assert follower.records[: last + 1] == fresh
-        waits = [f.ledger.hole_waits for f in followers]
+        waits = [f.ledger.reads.hole_waits for f in followers]
         print(f"\n{len(acked)} records from {PRODUCERS} producers; reader waits at skips: {waits}")
     finally:
         for follower in followers:

@@ -16,10 +16,11 @@ from typing import Any, NamedTuple
 import pytest
 from aiokafka import AIOKafkaProducer  # type: ignore[import-untyped]
 
-from quotaledger.adapters.kafka_ledger import GapJudge, KafkaLedger, LedgerGap, value_ts
-from quotaledger.adapters.kafka_ledger import sequence as sequence_messages
-from quotaledger.adapters.ledger_url import LedgerUrlError, open_ledger, parse_ledger_url
-from quotaledger.events.ledger import Append, LedgerError, LedgerMismatch, Record
+from quotaledger.adapters.ledgers.kafka.ledger import KafkaLedger
+from quotaledger.adapters.ledgers.kafka.walk import GapJudge, value_ts
+from quotaledger.adapters.ledgers.kafka.walk import sequence as sequence_messages
+from quotaledger.adapters.ledgers.url import LedgerUrlError, open_ledger, parse_ledger_url
+from quotaledger.events.ledger import Append, LedgerError, LedgerGap, LedgerMismatch, Record
 from quotaledger.projections import Projection, state_json
 from tests.cli_process import cli
 from tests.tansu import Tansu
@@ -241,7 +242,7 @@ async def test_memory_broker_restart_is_a_mismatch(topic: str) -> None:
     broker = Tansu().start()
     try:
         ledger = await KafkaLedger.open(broker.bootstrap, topic)
-        ledger.reset_check_s = 0.2
+        ledger.reads.reset_check_s = 0.2
         await ledger.append([Append(b'{"kind":"NodeRemoved","name":"a"}')] * 3)
 
         seen: list[int] = []

@@ -14,10 +14,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from quotaledger.adapters.kafka_ledger import KafkaLedger
-from quotaledger.adapters.ledger_url import open_ledger
+from quotaledger.adapters.ledgers.kafka.ledger import KafkaLedger
+from quotaledger.adapters.ledgers.memory import MemoryLedger, MemoryLog
+from quotaledger.adapters.ledgers.url import open_ledger
 from quotaledger.events.ledger import Append, Ledger, Snapshot
-from quotaledger.events.memory_ledger import MemoryLedger, MemoryLog
 from tests.kafka_batches import batch_bytes, publish_raw
 from tests.ledger_contract import LedgerContract
 from tests.tansu import Tansu
@@ -85,7 +85,7 @@ class TestSqliteLedger(LedgerContract):
         return await open_ledger(self.path, create=False)
 
     async def expecting(self, ledger: Ledger, ledger_id: str) -> Ledger:
-        from quotaledger.adapters.sqlite_ledger import SqliteLedger
+        from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 
         return await SqliteLedger.open(self.path, create=False, expect_ledger_id=ledger_id)
 

@@ -19,7 +19,7 @@ import pytest
 
 from quotaledger.adapters.cli import main
 from quotaledger.adapters.http.requests import MAX_EVENTS_BYTES
-from quotaledger.adapters.sqlite_ledger import SqliteLedger
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 from quotaledger.events.ledger import Append
 
 from .read_only_medium import can_bind_read_only, run_on_read_only_medium

@@ -1,4 +1,4 @@
-"""A ledger's records for audit, whatif and replay, read in one place (adapters/record_sources.py).
+"""A ledger's records for audit, whatif and replay, read in one place (adapters/ledgers/sources.py).
 
 The same records, offsets and payloads come out of a SQLite ledger (read lazily),
 any other backend (read whole), and the ledger's JSONL export (DESIGN §9); a JSONL
@@ -14,18 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from quotaledger.adapters.jsonl import records
-from quotaledger.adapters.record_sources import (
+from quotaledger.adapters.ledgers.jsonl import records
+from quotaledger.adapters.ledgers.memory import MemoryLedger, MemoryLog
+from quotaledger.adapters.ledgers.sources import (
     jsonl_file_records,
     ledger_record_source,
     metered,
     with_record_source,
 )
-from quotaledger.adapters.sqlite_ledger import SqliteLedger
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 from quotaledger.events import Append, LedgerError, Record
 from quotaledger.events.codec import decode_event, peek_kind
 from quotaledger.events.ledger import RecordSource
-from quotaledger.events.memory_ledger import MemoryLedger, MemoryLog
 from quotaledger.events.model import FactRejected, LedgerOpened
 
 FACTS = [

@@ -32,7 +32,7 @@ def ndjson(*docs: object) -> bytes:
 
 
 async def replay_json(path: Path, offset: int) -> dict[str, object]:
-    from quotaledger.adapters.sqlite_ledger import SqliteLedger
+    from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 
     ledger = await SqliteLedger.open(str(path), create=False)
     try:
@@ -495,8 +495,8 @@ async def test_record_source_reads_any_ledger_as_the_sqlite_reader_does(tmp_path
     batch, any other ledger (here the gated wrapper over the same file) read once:
     the same records from every offset, so the same audit."""
     from quotaledger.adapters.http.gate import GatedLedger
-    from quotaledger.adapters.record_sources import ledger_record_source as record_source
-    from quotaledger.adapters.sqlite_ledger import SqliteLedger
+    from quotaledger.adapters.ledgers.sources import ledger_record_source as record_source
+    from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
     from quotaledger.engine.audit import audit, report_json
 
     path = await simulate("quota-decrease.jsonl", tmp_path / "l.db")

@@ -34,7 +34,7 @@ import msgspec
 import pytest
 
 from quotaledger.adapters.cli import main
-from quotaledger.adapters.sqlite_ledger import SqliteLedger
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 from quotaledger.events.ledger import Append
 
 REPO = Path(__file__).resolve().parents[1]

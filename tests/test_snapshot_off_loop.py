@@ -36,7 +36,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quotaledger.adapters.cli import main as cli_main
-from quotaledger.adapters.sqlite_ledger import SqliteLedger
+from quotaledger.adapters.ledgers.sqlite import snapshots as snapshots_module
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
+from quotaledger.adapters.ledgers.sqlite.snapshots import KEEP_SNAPSHOTS, SnapshotStore, to_drop
 from quotaledger.engine import live
 from quotaledger.engine.live import LiveEngine, SimulateExecutor
 from quotaledger.engine.restore import restore, verify_snapshot
@@ -196,7 +198,8 @@ class Gate:
         self.reached = threading.Event()
         self.release = threading.Event()
         self.calls = 0
-        real = ledger._before_part
+        rows = ledger._snapshots
+        real = rows.before_part
 
         def before_part(cancel: threading.Event) -> None:
             self.calls += 1
@@ -205,7 +208,7 @@ class Gate:
                 self.release.wait(60)
             real(cancel)
 
-        ledger._before_part = before_part  # type: ignore[method-assign]
+        rows.before_part = before_part  # type: ignore[method-assign]
 
     async def wait(self) -> None:
         assert await asyncio.to_thread(self.reached.wait, 60), "the writer never got there"
@@ -328,6 +331,108 @@ async def test_a_missing_part_makes_the_snapshot_unusable_not_wrong(tmp_path: Pa
     assert restored.snapshot is None
     assert any("damaged" in warning for warning in warnings), warnings
     await ledger.close()
+
+
+# ------------------------------------------------------------------ retention
+
+
+@given(st.lists(st.integers(0, 10_000), max_size=40), st.integers(0, 10))
+def test_retention_keeps_the_newest_and_a_spread(offsets: list[int], keep: int) -> None:
+    """DECISIONS 270: ``keep`` snapshots remain (at least the two newest), the
+    two newest always among them; a drop is always one of the given ones."""
+    dropped = to_drop(offsets, keep)
+    distinct = sorted(set(offsets))
+    kept = [offset for offset in distinct if offset not in dropped]
+    assert len(dropped) == len(set(dropped)) and set(dropped) <= set(distinct)
+    assert len(kept) == min(len(distinct), max(keep, 2))
+    assert distinct[-2:] == kept[-2:]
+
+
+def test_retention_spreads_what_it_keeps() -> None:
+    """Snapshots every 10 records, 100 times: the kept ones are not bunched at
+    the tail, so ``audit --jobs`` still finds segment boundaries across the ledger."""
+    kept: list[int] = []
+    for k in range(1, 101):
+        kept.append(10 * k)
+        kept = [offset for offset in kept if offset not in to_drop(kept)]
+    assert len(kept) == KEEP_SNAPSHOTS and kept[-2:] == [990, 1000]
+    assert kept[0] < 250 and kept[KEEP_SNAPSHOTS // 2] < 750
+
+
+async def test_the_ledger_keeps_its_last_few_snapshots_and_drops_the_rest_parts_and_all(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "l.db"
+    ledger = await SqliteLedger.open(path)
+    ledger.snapshot_part_bytes = 4000  # BLOB in 3 parts; small blobs inline
+    await ledger.append([Append(payload=b'{"kind":"PodRemoved","uid":"x"}')] * 12)
+    expected: list[int] = []
+    for offset in range(1, 13):
+        await ledger.save_snapshot(_snapshot(offset, BLOB if offset % 2 else b"small"))
+        expected.append(offset)
+        expected = [o for o in expected if o not in to_drop(expected)]
+        assert [o for o, _ in ledger.snapshot_sizes()] == expected
+    kept = expected
+    assert len(kept) == ledger.snapshot_keep == KEEP_SNAPSHOTS and kept[-2:] == [11, 12]
+    # the parts of the dropped ones went with them
+    parted = [offset for offset in kept if offset % 2]
+    assert len(_part_rows(path)) == 3 * len(parted)
+    for offset in kept:
+        assert ledger.snapshot_at(offset) == _snapshot(offset, BLOB if offset % 2 else b"small")
+    ledger.snapshot_keep = 2
+    await ledger.save_snapshot(_snapshot(12, b"again"))
+    assert [offset for offset, _ in ledger.snapshot_sizes()] == [11, 12]
+    assert len(_part_rows(path)) == 3
+    await ledger.close()
+
+
+async def test_the_kafka_snapshot_file_keeps_the_last_few_of_each_ledger(tmp_path: Path) -> None:
+    path = tmp_path / "snaps.db"
+    first = SnapshotStore.open(path, "ledger-a")
+    other = SnapshotStore.open(path, "ledger-b")
+    try:
+        await other.save(_snapshot(3, b"b"), ts=1)
+        kept: list[int] = []
+        for offset in range(10):
+            await first.save(_snapshot(offset, b"a"), ts=offset)
+            kept.append(offset)
+            kept = [o for o in kept if o not in to_drop(kept)]
+        with sqlite3.connect(path) as conn:
+            rows = conn.execute(
+                "SELECT ledger_id, offset FROM ledger_snapshots ORDER BY 1, 2"
+            ).fetchall()
+        assert len(kept) == KEEP_SNAPSHOTS
+        assert rows == [("ledger-a", o) for o in kept] + [("ledger-b", 3)]
+        assert first.load(None) == (_snapshot(9, b"a"), 9)
+    finally:
+        first.close()
+        other.close()
+
+
+# ------------------------------------------------------------------ a Kafka ledger's snapshot file
+
+
+async def test_the_kafka_snapshot_file_encodes_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The MessagePack copy of a Kafka ledger's snapshot (tens of MB for a large
+    state) is made on the store's thread, as its insert, never on the loop's."""
+    encoded_on: list[threading.Thread] = []
+    real = snapshots_module._ENCODER
+
+    class Watching:
+        def encode(self, value: Any) -> bytes:
+            encoded_on.append(threading.current_thread())
+            return real.encode(value)
+
+    monkeypatch.setattr(snapshots_module, "_ENCODER", Watching())
+    store = SnapshotStore.open(tmp_path / "snaps.db", "ledger-a")
+    try:
+        await store.save(_snapshot(4, BLOB), ts=1_000)
+        assert encoded_on and threading.current_thread() not in encoded_on
+        assert store.load(None) == (_snapshot(4, BLOB), 1_000)
+    finally:
+        store.close()
 
 
 # ------------------------------------------------------------------ the live engine

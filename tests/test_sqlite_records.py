@@ -1,4 +1,4 @@
-"""Rows read back as records (adapters/sqlite_ledger.py ``_to_records``; DECISIONS 173).
+"""Rows read back as records (adapters/ledgers/sqlite/ledger.py ``_to_records``; DECISIONS 173).
 
 A batch is converted by msgspec in one call; a row whose columns lost their
 types (a damaged page) must still be a ``LedgerError`` naming that record, and a
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from quotaledger.adapters.sqlite_ledger import SqliteLedger
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 from quotaledger.events import Append, LedgerError, Record
 
 

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from quotaledger.adapters.cli import build_parser
 from quotaledger.adapters.demo import _quota
-from quotaledger.adapters.ledger_url import open_ledger, parse_ledger_url
+from quotaledger.adapters.ledgers.url import open_ledger, parse_ledger_url
 from quotaledger.events.codec import peek_kind
 
 from .k8s_support import eventually

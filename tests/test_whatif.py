@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from quotaledger.adapters.cli import main
-from quotaledger.adapters.sqlite_ledger import SqliteLedger
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 from quotaledger.engine.simulate import Simulation
 from quotaledger.engine.whatif import parse_duration, whatif
 from quotaledger.projections import Projection, state_json

@@ -12,13 +12,25 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from quotaledger.events.codec import EventError, decode_event, peek_kind
 from quotaledger.events.digest import parse_digest
-from quotaledger.events.ledger import RecordSource
+from quotaledger.events.ledger import LedgerGap, RecordSource
 
-from ..record_sources import with_record_source
-from .common import LEDGER_HELP, Commands, UserError, ledger_arg, print_json, progress_meter
+from ..ledgers.sources import with_record_source
+from .common import (
+    LEDGER_HELP,
+    Commands,
+    UserError,
+    ledger_arg,
+    print_json,
+    progress_meter,
+    warn,
+)
+
+if TYPE_CHECKING:
+    from quotaledger.engine.audit import AuditReport
 
 
 def parse_digests(values: Sequence[str] | None) -> dict[int, bytes]:
@@ -43,18 +55,27 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise UserError("--jobs must be at least 1")
     ledger = ledger_arg(args.ledger)
+    unnamed: LedgerGap | None = None
     if args.jobs > 1 and isinstance(ledger, Path):
         from .audit_jobs import audit_parallel
 
         report = audit_parallel(ledger, args.jobs, digests)
     else:
+        gaps: list[LedgerGap] = []
         report = with_record_source(
-            ledger, lambda source: audit(source, digests=digests), progress_meter("audit")
+            ledger,
+            lambda source: audit(source, digests=digests),
+            progress_meter("audit"),
+            gaps=gaps,
         )
+        unnamed = stopped_at(report, gaps)
     if args.pod is not None:
         report = report.for_pod(args.pod)
         if not report.findings and not with_record_source(
-            ledger, lambda source: mentions_pod(source, args.pod), progress_meter("audit")
+            ledger,
+            lambda source: mentions_pod(source, args.pod),
+            progress_meter("audit"),
+            gaps=[],
         ):
             raise UserError(f"--pod {args.pod}: no such pod in {args.ledger}")
     if args.json:
@@ -64,7 +85,28 @@ def cmd_audit(args: argparse.Namespace) -> int:
         print_json(document)
     else:
         print(report_text(report))
+    if unnamed is not None:
+        raise unnamed
     return 1 if report.failed else 0
+
+
+def stopped_at(report: AuditReport, gaps: Sequence[LedgerGap]) -> LedgerGap | None:
+    """A Kafka read stopped at a hole (DESIGN §10): the records before it were
+    audited, and the hole is reported as a SQLite ledger's missing records are,
+    a ``gap`` in the damage (TAMPERED, exit 1), with the reader's reason on
+    stderr. A gap whose next record is unknown is returned, for the command to
+    raise after the report."""
+    from quotaledger.engine.audit import Problem  # loaded by the command already
+
+    if not gaps:
+        return None
+    gap = gaps[0]
+    if gap.missing is None or gap.found is None:
+        return gap
+    if not any(problem.code == "gap" for problem in report.damage):
+        report.damage.append(Problem("gap", {"expected": gap.missing, "found": gap.found}))
+    warn(str(gap))
+    return None
 
 
 def mentions_pod(source: RecordSource, uid: str) -> bool:

@@ -45,9 +45,9 @@ from quotaledger.engine.audit.parallel import (
 )
 from quotaledger.events.ledger import LedgerError
 
-from ..jsonl import is_jsonl_path
-from ..record_sources import jsonl_file_records, ledger_record_source, with_record_source
-from ..sqlite_ledger import SqliteLedger
+from ..ledgers.jsonl import is_jsonl_path
+from ..ledgers.sources import jsonl_file_records, ledger_record_source, with_record_source
+from ..ledgers.sqlite.ledger import SqliteLedger
 from .common import UserError, progress_for, progress_meter, tune_gc, warn
 
 Progress = Callable[[int], None]

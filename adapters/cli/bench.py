@@ -99,6 +99,11 @@ def register(commands: Commands) -> None:
     )
     bench.add_argument("--json", action="store_true", help="emit one JSON object")
     bench.add_argument(
+        "--simulate-only",
+        action="store_true",
+        help="decide: only the simulate throughput over the day-long scenario (no latency run)",
+    )
+    bench.add_argument(
         "--rounds",
         type=positive_int,
         default=3,

@@ -32,11 +32,10 @@ from typing import Any, TextIO, TypeAlias
 import msgspec
 
 from quotaledger.engine.fold_loop import Until, parse_until
-from quotaledger.events.times import MAX_DELAY_S
-from quotaledger.projections import rfc3339
+from quotaledger.events.times import MAX_DELAY_S, rfc3339
 
-from ..jsonl import is_jsonl_path
-from ..ledger_url import is_kafka_url, parse_ledger_url
+from ..ledgers.jsonl import is_jsonl_path
+from ..ledgers.url import is_kafka_url, parse_ledger_url
 
 #: What ``add_subparsers`` returns: every command module's ``register`` adds its parsers to it.
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -168,7 +167,7 @@ def progress_for(label: str, total: int | None, args: argparse.Namespace | None)
 
 def progress_meter(label: str) -> Callable[[int], Progress]:
     """Progress of a pass over a known number of records, as :func:`progress_for`
-    shows it (for :func:`quotaledger.adapters.record_sources.with_record_source`)."""
+    shows it (for :func:`quotaledger.adapters.ledgers.sources.with_record_source`)."""
     return lambda total: progress_for(label, total, None)
 
 

@@ -21,8 +21,8 @@ from quotaledger.engine.restore import ChainedFold, Restored, restore
 from quotaledger.events.ledger import Record
 from quotaledger.projections import Projection, state_json
 
-from ..jsonl import is_jsonl_path, open_jsonl, records
-from ..ledger_url import is_kafka_url, open_ledger
+from ..ledgers.jsonl import is_jsonl_path, open_jsonl, records
+from ..ledgers.url import is_kafka_url, open_ledger
 from .common import (
     Commands,
     UserError,

@@ -21,8 +21,8 @@ from quotaledger.events.model import LedgerDigest
 from quotaledger.projections import state_hash
 from quotaledger.projections.snapshot import dump
 
-from ..jsonl import JsonlError, JsonlInput, open_jsonl, read_lines
-from ..ledger_url import open_ledger
+from ..ledgers.jsonl import JsonlError, JsonlInput, open_jsonl, read_lines
+from ..ledgers.url import open_ledger
 from .common import (
     LEDGER_HELP,
     SNAPSHOTS_HELP,

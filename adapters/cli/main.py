@@ -30,7 +30,7 @@ from quotaledger.projections.snapshot import SnapshotError
 
 from ..demo import add_demo_parser
 from ..http.command import add_serve_parser
-from ..jsonl import JsonlError
+from ..ledgers.jsonl import JsonlError
 from . import audit, bench, fold, importing, ledger, run, simulate, whatif
 from .common import Commands, Interrupted, UserError, interruptible, tune_gc
 

@@ -23,7 +23,7 @@ from quotaledger.events.ledger import LedgerError
 
 from ..kubernetes.options import add_arguments as add_cluster_arguments
 from ..kubernetes.options import check_arguments, on_cluster
-from ..ledger_url import is_kafka_url, open_ledger, parse_ledger_url
+from ..ledgers.url import is_kafka_url, open_ledger, parse_ledger_url
 from .common import (
     LEDGER_HELP,
     SNAPSHOTS_HELP,
@@ -72,7 +72,7 @@ async def _run_engine(args: argparse.Namespace) -> None:
         return
     executor: Any = SimulateExecutor() if args.executor == "simulate" else LogExecutor()
     if args.executor == "kafka":
-        from ..kafka_executor import KafkaExecutor  # here: aiokafka is slow to import
+        from ..ledgers.kafka.executor import KafkaExecutor  # here: aiokafka is slow to import
 
         url = parse_ledger_url(args.ledger)
         executor = KafkaExecutor(

@@ -18,7 +18,7 @@ from typing import Any
 from quotaledger.engine.render import amounts, tree_text
 from quotaledger.events.ledger import Append, Record
 
-from ..jsonl import open_jsonl, read_lines
+from ..ledgers.jsonl import open_jsonl, read_lines
 from .common import Commands, UserError, add_strict, print_json, until_option, writable_ledger
 
 
@@ -48,7 +48,7 @@ def describe_decision(decision: dict[str, Any]) -> str:
 
 async def _write_ledger(path: Path, ledger_id: str, rows: list[Record]) -> None:
     """``--out``: the simulated ledger as a new SQLite file, record for record."""
-    from ..sqlite_ledger import SqliteLedger
+    from ..ledgers.sqlite.ledger import SqliteLedger
 
     if path.exists():
         raise UserError(f"{path}: already exists; --out writes a new ledger")

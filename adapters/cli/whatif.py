@@ -16,8 +16,8 @@ from pathlib import Path
 from quotaledger.engine.fold_loop import Until, fold
 from quotaledger.projections import Projection
 
-from ..jsonl import STDIN, is_jsonl_path, open_jsonl, read_lines
-from ..record_sources import jsonl_file_records
+from ..ledgers.jsonl import STDIN, is_jsonl_path, open_jsonl, read_lines
+from ..ledgers.sources import jsonl_file_records
 from .common import (
     LEDGER_HELP,
     SNAPSHOTS_HELP,

@@ -14,7 +14,8 @@ import msgspec
 from aiohttp import web
 
 from quotaledger.events.ledger import LedgerError, Record
-from quotaledger.projections import ProjectedState, rfc3339
+from quotaledger.events.times import rfc3339
+from quotaledger.projections import ProjectedState
 
 log = logging.getLogger("quotaledger.serve")
 

@@ -17,7 +17,7 @@ from quotaledger.events.ledger import Append
 from quotaledger.events.model import Event, is_fact, kind_of
 from quotaledger.events.quantity import canonical_list
 
-from ..jsonl import epoch_ms
+from ..ledgers.jsonl import epoch_ms
 from .documents import ApiError
 
 #: Largest ``POST /v1/events`` body (DESIGN §11).

@@ -27,12 +27,13 @@ from quotaledger.engine.live import LiveEngine
 from quotaledger.engine.whatif import ChangeError, parse_duration, whatif
 from quotaledger.events.codec import peek_kind
 from quotaledger.events.model import DECISION_KINDS
-from quotaledger.projections import ProjectedState, Projection, rfc3339, settle, state_json
+from quotaledger.events.times import rfc3339
+from quotaledger.projections import ProjectedState, Projection, settle, state_json
 from quotaledger.projections.available import reported_available
 from quotaledger.projections.snapshot import dump, load
 from quotaledger.projections.view import quota_view
 
-from ..record_sources import ledger_record_source
+from ..ledgers.sources import ledger_record_source
 from .documents import ENCODER, JSON, ApiError, json_response, record_document, tree_document
 from .gate import GatedLedger
 from .metrics import LedgerPosition, StateCollector

@@ -27,12 +27,13 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from quotaledger.engine.live import LiveEngine, LogExecutor, SimulateExecutor, wall_clock_ms
+from quotaledger.engine.live import LiveEngine, LogExecutor, SimulateExecutor
 from quotaledger.events.ledger import Ledger, Record
+from quotaledger.events.times import wall_clock_ms
 from quotaledger.projections import ProjectedState, settle
 
 from ..kubernetes.options import ClusterOptions
-from ..ledger_url import open_ledger
+from ..ledgers.url import open_ledger
 from .documents import errors
 from .gate import GatedLedger
 from .metrics import FoldStatistics, LedgerPosition, StateCollector

@@ -19,7 +19,7 @@ from aiohttp import web
 from quotaledger.events.codec import peek_kind
 from quotaledger.events.ledger import Ledger, Record
 from quotaledger.events.model import DECISION_KINDS
-from quotaledger.projections import rfc3339
+from quotaledger.events.times import rfc3339
 
 from .requests import int_param
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import aiohttp
 
-from quotaledger.adapters.sqlite_ledger import SqliteLedger  # type: ignore[import-untyped,unused-ignore]
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger  # type: ignore[import-untyped,unused-ignore]
 
 from .client import connect
 from .watcher import Baseline, ClusterWatcher, Item, LedgerSink, WatchOptions

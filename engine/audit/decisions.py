@@ -59,7 +59,8 @@ from quotaledger.events.model import (
     PreemptionStarted,
     kind_of,
 )
-from quotaledger.projections import Projection, rfc3339, state_hash
+from quotaledger.events.times import rfc3339
+from quotaledger.projections import Projection, state_hash
 from quotaledger.projections.derive import settle
 from quotaledger.projections.plans import Plan, Victim
 from quotaledger.projections.state import FINISHED_KEPT

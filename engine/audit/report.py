@@ -13,7 +13,7 @@ from typing import Any
 
 from quotaledger.events.model import ClocksObserved, PodUpserted, PreemptionStarted
 from quotaledger.events.quantity import format_amount
-from quotaledger.projections import rfc3339
+from quotaledger.events.times import rfc3339
 from quotaledger.projections.clocks import owed, sampled
 from quotaledger.projections.guard import delay_ms
 from quotaledger.projections.plans import created_text

@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from quotaledger.events.ledger import Ledger, LedgerError
+from quotaledger.events.times import wall_clock_ms
 
 __all__ = [
     "KAFKA_OPTIONS",
@@ -203,7 +204,7 @@ async def open_ledger(
     """
     parsed = parse_ledger_url(url)
     if parsed.scheme == "sqlite":
-        from .sqlite_ledger import SqliteLedger, wall_clock_ms
+        from .sqlite.ledger import SqliteLedger
 
         if snapshots is not None:
             raise LedgerUrlError(
@@ -227,7 +228,7 @@ async def open_ledger(
 
             return await SqliteLedger.open(parsed.path, create=create, clock_ms=opening_clock)
         return await SqliteLedger.open(parsed.path, create=create, clock_ms=clock)
-    from .kafka_ledger import KafkaLedger
+    from .kafka.ledger import KafkaLedger
 
     kwargs: dict[str, Any] = {}
     if clock_ms is not None:

@@ -5,7 +5,7 @@ Python, which is most of the cost of a ledger read (docs/PERFORMANCE.md). Here t
 Fetch requests go out through aiokafka's own client (connections, TLS/SASL, API
 versions, cluster metadata) and each response's record batches are read by
 aiokafka's record-batch readers (C): the ledger walks the records in one loop
-(:func:`quotaledger.adapters.kafka_ledger.sequence`).
+(:func:`quotaledger.adapters.ledgers.kafka.walk.sequence`).
 
 Rules, the same as aiokafka's fetcher keeps:
 

@@ -12,19 +12,15 @@ on its own, as a process would close its connection.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from .codec import encode_event
-from .ledger import Append, LedgerError, LedgerMismatch, Record, Snapshot
-from .model import LedgerOpened
+from quotaledger.events.codec import encode_event
+from quotaledger.events.ledger import Append, LedgerError, LedgerMismatch, Record, Snapshot
+from quotaledger.events.model import LedgerOpened
+from quotaledger.events.times import wall_clock_ms
 
 __all__ = ["MemoryLedger", "MemoryLog"]
-
-
-def _wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class MemoryLog:
@@ -68,7 +64,7 @@ class MemoryLedger:
         log: MemoryLog | None = None,
         *,
         expect_ledger_id: str | None = None,
-        clock_ms: Callable[[], int] = _wall_clock_ms,
+        clock_ms: Callable[[], int] = wall_clock_ms,
         batch: int = 1000,
     ) -> None:
         self.log = log if log is not None else MemoryLog()
