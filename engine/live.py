@@ -279,9 +279,7 @@ class LiveEngine:
 
     async def _follow(self) -> None:
         async for batch in self.ledger.read(self.state.offset + 1, follow=True):
-            apply = self.fold.apply
-            for record in batch:
-                apply(record)
+            self.fold.apply_all(batch)
             if self._readbacks:  # an append of this engine waits to read itself back
                 self._kept.append(batch)
             # a backlog is read without suspending: let stop and the reconciler in

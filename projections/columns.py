@@ -193,9 +193,10 @@ class QuotaColumns:
 
     def add(self, name: str, row: int, amounts: Mapping[str, int], sign: int) -> None:
         """``name[row] += sign · amounts`` per resource."""
+        known = self.columns.get
         for key, value in amounts.items():
             if value:
-                columns = self.key(key)
+                columns = known(key) or self.key(key)
                 column = getattr(columns, name)
                 try:
                     column[row] += sign * value

@@ -146,16 +146,43 @@ def flush_sums(state: ProjectedState, node: QuotaNode) -> None:
         store.write("pod_used", row, used)
         node.sums_stale = False
     elif node.sum_log:
-        add = store.add
+        # The log's net change per resource, added once per column: the sums
+        # are exact integers, so the result is the entries' added one by one.
+        # A resized pod bound before and after (the common entry) moves both
+        # columns by the same difference, kept once in ``both``.
+        both: RL = {}
+        request_delta: RL = {}
+        used_delta: RL = {}
         for old, new, was_bound, bound in node.sum_log:
             if old is not new:
-                add("pod_request", row, old, -1)
-                add("pod_request", row, new, +1)
+                if was_bound and bound:
+                    _difference_into(both, old, new)
+                    continue
+                _difference_into(request_delta, old, new)
             if was_bound:
-                add("pod_used", row, old, -1)
+                for key, value in old.items():
+                    used_delta[key] = used_delta.get(key, 0) - value
             if bound:
-                add("pod_used", row, new, +1)
+                for key, value in new.items():
+                    used_delta[key] = used_delta.get(key, 0) + value
         node.sum_log.clear()
+        for name, delta in (
+            ("pod_request", both),
+            ("pod_used", both),
+            ("pod_request", request_delta),
+            ("pod_used", used_delta),
+        ):
+            if delta:
+                store.add(name, row, delta, +1)
+
+
+def _difference_into(delta: RL, old: RL, new: RL) -> None:
+    """``delta += new - old``, per resource."""
+    get = delta.get
+    for key, value in old.items():
+        delta[key] = get(key, 0) - value
+    for key, value in new.items():
+        delta[key] = get(key, 0) + value
 
 
 def attach_pod(state: ProjectedState, pod: PodUpserted) -> None:

@@ -52,6 +52,7 @@ from quotaledger.events.model import (
     EvictionSucceeded,
     FactRejected,
     LedgerDigest,
+    PodUpserted,
     PreemptionCause,
     PreemptionFinished,
     PreemptionOutcome,
@@ -195,7 +196,9 @@ class Auditor:
         except EventError:
             event = None
         finding: Finding | None = None
-        if event is not None and isinstance(event, AUDITED):
+        kind = type(event)
+        # a pod (most records) is none of AUDITED: no isinstance walk for it
+        if event is not None and kind is not PodUpserted and isinstance(event, AUDITED):
             finding = self._explain(record, event)
             if isinstance(event, PreemptionStarted):
                 if event.preemption_id not in self.started_ids and self._started_before(
@@ -214,19 +217,23 @@ class Auditor:
             run = self.main.state.evictions.get(settles)
             if run is not None and run.outcome is not None:
                 self.settled_at[settles] = record.offset
-        refused = [r for r in self.main.state.rejected[before:] if r.offset == record.offset]
-        kind = kind_of(event) if event is not None else peek_kind(record.payload)
+        if kind is PodUpserted:  # a fact: no finding, no preemption, no digest
+            self.lagging.push(record)
+            return
+        rejected = self.main.state.rejected
+        refused = [r for r in rejected[before:] if r.offset == record.offset]
         # A FactRejected record is accepted: the rejection it lists is the
         # fact's, refused at the door (DECISIONS 31), not a refused decision.
         if isinstance(event, PreemptionStarted) and not refused:
             self.started_ids.add(event.preemption_id)
-        if refused and kind in DECISION_KINDS and not isinstance(event, FactRejected):
+        name = kind_of(event) if event is not None else peek_kind(record.payload)
+        if refused and name in DECISION_KINDS and not isinstance(event, FactRejected):
             if finding is None:
                 finding = Finding(
                     record.offset,
                     record.ts,
-                    kind or "?",
-                    explanation=f"{rfc3339(record.ts)} #{record.offset} {kind}",
+                    name or "?",
+                    explanation=f"{rfc3339(record.ts)} #{record.offset} {name}",
                 )
             finding.refused = "; ".join(rejection.reason for rejection in refused)
         if finding is not None:

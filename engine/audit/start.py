@@ -65,13 +65,19 @@ class SegmentStart:
     settled_at: dict[str, int] | None = None
 
 
+_OUTCOMES = (EvictionSucceeded, EvictionFailed)
+_POD_GONE = (PodRemoved, PodUpserted)
+
+
 def settling(state: ProjectedState, event: Event | None) -> str | None:
     """The running eviction ``event`` may give its outcome on ``state`` (its own
     outcome record, or the removal or stop of its pod), if any."""
-    if isinstance(event, EvictionSucceeded | EvictionFailed):
+    if not state.evicting_pods and not state.evictions:  # the usual record: none runs
+        return None
+    if isinstance(event, _OUTCOMES):
         run = state.evictions.get(event.eviction_id)
         return event.eviction_id if run is not None and run.outcome is None else None
-    if isinstance(event, PodRemoved | PodUpserted) and state.evicting_pods:
+    if isinstance(event, _POD_GONE) and state.evicting_pods:
         return state.evicting_pods.get(event.uid)
     return None
 

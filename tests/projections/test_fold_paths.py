@@ -74,6 +74,62 @@ def test_pod_indexes_after_every_upsert_equal_a_rebuild(history: list[Doc]) -> N
     assert not projection.state.rejected
 
 
+#: Amounts up to the bound (2^62): four pods of a quota overflow int64 sums.
+large_requests = st.dictionaries(
+    st.sampled_from(["memory", "nvidia.com/gpu"]),
+    st.sampled_from([0, 1, 3, 2**61, 2**62 - 1, 2**62]),
+    max_size=2,
+)
+large_upsert = st.fixed_dictionaries(
+    {
+        "kind": st.just("PodUpserted"),
+        "uid": st.sampled_from(PODS),
+        "namespace": st.sampled_from(["a", "b"]),
+        "requests": large_requests,
+        "phase": st.sampled_from(["Pending", "Running", "Running", "Succeeded"]),
+        "node": st.sampled_from([None, "n0", "n0"]),
+    }
+).map(lambda doc: {**doc, "name": doc["uid"]})
+SETTLE: Doc = {"kind": "settle"}
+settled_histories = st.lists(
+    st.one_of(large_upsert, large_upsert, large_upsert, removal, st.just(SETTLE)),
+    min_size=1,
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(settled_histories)
+def test_pod_sums_after_each_settle_equal_their_pods(history: list[Doc]) -> None:
+    """``flush_sums`` adds a quota's logged pod changes as one net change per
+    resource (``tree.flush_sums``): after every settle, each quota's
+    ``pod_request`` is the sum of its active pods' requests and ``pod_used`` of
+    those with a node, also where the sums leave int64."""
+    projection = Projection()
+    folded = iter(records([doc for doc in SETUP + history if doc is not SETTLE]))
+    for doc in SETUP + history:
+        if doc is SETTLE:
+            _check_pod_sums(projection.settled())
+        else:
+            projection.apply_record(next(folded))
+    _check_pod_sums(projection.settled())
+    assert not projection.state.rejected
+
+
+def _check_pod_sums(state: Any) -> None:
+    for node in state.quotas.values():
+        request: dict[str, int] = {}
+        used: dict[str, int] = {}
+        for uid in node.pods:
+            pod = state.pods[uid]
+            for key, value in pod.requests.items():
+                request[key] = request.get(key, 0) + value
+                if pod.node is not None:
+                    used[key] = used.get(key, 0) + value
+        assert node.pod_request == {k: v for k, v in request.items() if v}, node.name
+        assert node.pod_used == {k: v for k, v in used.items() if v}, node.name
+
+
 def test_a_pending_pod_resized_keeps_shared_buckets() -> None:
     """Two pending pods share an amount; one of them changes only its other
     resource: the shared bucket keeps both, the changed one moves."""
