@@ -24,6 +24,11 @@ Rules the engine keeps:
   timer or an eviction back: they are taken by their own task once the
   reconciler has looked at the state, and a snapshot is encoded a few
   milliseconds at a time and written off the loop (:meth:`LiveEngine.checkpoint`).
+
+Longer than 600 lines: the follower, the reconciler, the checkpoint task and the epoch
+claim share one state, one read-back wait and one TaskGroup; the rules they keep together
+(above) are easier to check in one file. The pure parts already live elsewhere
+(:mod:`.core` proposes, :mod:`.restore` restores).
 """
 
 from __future__ import annotations

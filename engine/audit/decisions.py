@@ -33,6 +33,9 @@ each eviction settled) and builds each finding's explanation (in :mod:`.report`'
 words).
 
 Pure apart from reading records through a callable: no clock, no writes.
+
+Longer than 600 lines (barely): the auditor's one pass keeps the bookkeeping each kind of
+record needs beside the check it feeds; the rules themselves are in :mod:`.checks`.
 """
 
 from __future__ import annotations
