@@ -26,7 +26,7 @@ CLI, which sets ``adapters.cli.common.GC_THRESHOLDS``):
   (:class:`EngineCheckpoints`; ``ledger_digests``, ``ledger_snapshots``); its work and
   appends are outside the append figure.
 * ``digest_chain_events_per_s``: the digest chain alone (sha256 per record, DESIGN §9)
-  over the churn records, the part of the fold figure it costs (issue #11).
+  over the churn records, the part of the fold figure it costs (DECISIONS 172).
 * the state hash (DESIGN §5 "State hash"; a second fold of the workload, the churn
   cut into windows of ``digest_every`` records): ``state_hash_ms``, the hash computed
   from nothing of the final state (``full_state_hash``, median of 3);
@@ -88,10 +88,11 @@ TARGET_INCREMENTAL_US = 350.0
 TARGET_P99_US = 4000.0
 TARGET_BYTES_PER_POD = 1024
 TARGET_REPLAY_10M_S = 60.0
-#: Issue #11: fold ≥ 0.15 × the msgspec decoder alone; audit --jobs 2 ≤ 0.6 × one process.
+#: Targets: fold ≥ 0.15 × the msgspec decoder alone (DECISIONS 172, left unmet); audit
+#: --jobs 2 ≤ 0.6 × one process (DECISIONS 160, 236).
 TARGET_FOLD_VS_MSGSPEC = 0.15
 TARGET_AUDIT_JOBS2_VS_1 = 0.6
-#: Issue #16: the one-process audit of the engine-written bench ledger.
+#: Target: the one-process audit of the engine-written bench ledger (DECISIONS 236).
 TARGET_AUDIT_1M_S = 20.0
 
 
@@ -238,7 +239,7 @@ class EngineCheckpoints:
     off (so it may append) and the engine's intervals: after each batch it
     folds, a ``LedgerDigest`` every ``digest_every`` records and a snapshot
     (with its ``LedgerDigest``) every ``snapshot_every``, by the engine's own
-    :meth:`~quotaledger.engine.live.LiveEngine.checkpoint` (issue #11: an
+    :meth:`~quotaledger.engine.live.LiveEngine.checkpoint` (DECISIONS 160: an
     audit of the bench ledger meets the snapshots a running engine leaves)."""
 
     engine: LiveEngine
