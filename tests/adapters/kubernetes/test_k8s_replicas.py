@@ -116,7 +116,7 @@ async def leader_elected(r: Rig, name: str) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("replicas", "kills"), [(2, 4), (3, 50)])
+@pytest.mark.parametrize(("replicas", "kills"), [(2, 4), (3, 20)])
 async def test_sigkill_the_leader_repeatedly(tmp_path: Path, replicas: int, kills: int) -> None:
     async with rig(tmp_path) as r:
         await seed(r)
