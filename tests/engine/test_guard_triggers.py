@@ -566,20 +566,28 @@ async def test_two_live_engines_without_election_never_run_a_trigger_twice(
         for i, link in enumerate(links)
     ]
 
+    # a ledger's noise pauses once both its engines have run the revokes: with
+    # noise every 5-25 ms and B reading every 80 ms, the two offsets would seldom
+    # be equal at the same instant on all six ledgers at once
+    hushed = [asyncio.Event() for _ in paths]
+
     def settled(path_index: int, revokes: int) -> bool:
         pair = engines[2 * path_index : 2 * path_index + 2]
-        return all(
+        done = all(
             sum(1 for f in e.state.finished_preemptions if f.startswith("overuse/")) >= revokes
             and not e.state.preemptions
-            and e.state.offset == pair[0].state.offset
             for e in pair
         )
+        if done:
+            hushed[path_index].set()
+        return done and all(e.state.offset == pair[0].state.offset for e in pair)
 
-    async def producer(ledger: SqliteLedger, stop: asyncio.Event) -> None:
+    async def producer(index: int, stop: asyncio.Event) -> None:
         """Facts that change no number, every 5-25 ms: the engines' views differ."""
         noise = Append(encode_event(NodeUpserted(name="spare", allocatable={})))
         while not stop.is_set():
-            await ledger.append([noise])
+            if not hushed[index].is_set():
+                await ledgers[index].append([noise])
             await asyncio.sleep(rng.uniform(0.005, 0.025))
 
     quiet = asyncio.Event()
@@ -587,12 +595,13 @@ async def test_two_live_engines_without_election_never_run_a_trigger_twice(
         for ledger in ledgers:
             await ledger.append([Append(encode_event(f)) for f in facts])
         async with Engines() as running, asyncio.TaskGroup() as producers:
-            for ledger in ledgers:
-                producers.create_task(producer(ledger, quiet))
+            for index in range(len(ledgers)):
+                producers.create_task(producer(index, quiet))
             for engine in engines:
                 running.start(engine)
             await _wait_for(lambda: all(settled(i, 1) for i in range(len(paths))), timeout=60)
-            for ledger in ledgers:
+            for ledger, hush in zip(ledgers, hushed, strict=True):
+                hush.clear()
                 await ledger.append([Append(encode_event(f)) for f in regrown])
             await _wait_for(lambda: all(settled(i, 2) for i in range(len(paths))), timeout=60)
             quiet.set()
