@@ -248,11 +248,16 @@ class Projection:
         return None
 
     def _settings(self, offset: int, ts: int, event: SettingsChanged) -> str | None:
+        """Absent fields keep their value (§4); seconds and percentages are kept
+        as floats whatever number a Python-built event carries, so the state and
+        its hash are those of the decoded record (and of a snapshot)."""
         settings = self.state.settings
         before = settings.min_scaling
         for field in SettingsChanged.__struct_fields__:
             value = getattr(event, field)
             if field != "at" and value is not UNSET:
+                if type(value) is int:
+                    value = float(value)
                 setattr(settings, field, value)
         if settings.min_scaling != before:
             self.state.refill.update(self.state.quotas)

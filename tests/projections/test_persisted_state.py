@@ -303,3 +303,22 @@ def test_a_format_1_snapshot_is_refused_by_name() -> None:
         load(newer)
     with pytest.raises(SnapshotError, match="unreadable"):
         load(msgspec.json.encode({"format": FORMAT, "state": {"offset": "x"}}))
+
+
+def test_settings_given_as_integers_hash_as_the_decoded_ones_and_their_snapshot() -> None:
+    """``SettingsChanged`` built in Python with whole seconds (``whatif``, tests)
+    gives the state a decoded record gives: the seconds and the percentage are
+    numbers of the float fields (DESIGN §4), so the hash does not change when a
+    snapshot restores them as floats."""
+    given_ints = SettingsChanged(revoke_after_s=0, reclaim_after_s=5, preemption_miss_percent=3)
+    decoded = msgspec.json.decode(msgspec.json.encode(given_ints), type=SettingsChanged)
+    hashes = []
+    for event in (given_ints, decoded):
+        projection = Projection()
+        projection.apply(0, ENGINE_T0, LedgerOpened(ledger_id="ints"))
+        projection.apply(1, ENGINE_T0, event)
+        state = projection.settled()
+        assert state_hash(load(dump(state))) == state_hash(state)
+        assert isinstance(state.settings.revoke_after_s, float)
+        hashes.append(state_hash(state))
+    assert hashes[0] == hashes[1]
