@@ -161,6 +161,10 @@ class PartitionReads:
                         return
                     continue
                 records = cursor.walk(fetched)
+                if cursor.pending is not None:
+                    # one step of the loop sends the prefetch: without it the
+                    # request would wait for the caller's fold of these records
+                    await asyncio.sleep(0)
                 if records:
                     yield records
                 if cursor.judge.gap is not None:

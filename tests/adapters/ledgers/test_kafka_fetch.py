@@ -8,6 +8,7 @@ stores what a client sends, so a transaction marker can be put in a ledger).
 from __future__ import annotations
 
 import asyncio
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -292,8 +293,9 @@ async def test_reads_resume_inside_a_batch_with_the_same_ts(
 
 
 async def test_many_small_fetches_and_an_abandoned_read(tansu: Tansu, topic: str) -> None:
-    """Fetches of one batch each (a prefetch always in flight): the records come
-    whole and in order; a read left after its first batch leaves nothing running."""
+    """Fetches of one batch each (a prefetch always in flight, sent before the
+    records are handed out): the records come whole and in order; a read left
+    after its first batch leaves nothing running."""
     ledger = await KafkaLedger.open(tansu.bootstrap, topic, opened_at_ms=0)
     ledger.reads.fetch_bytes = 64
     try:
@@ -308,6 +310,14 @@ async def test_many_small_fetches_and_an_abandoned_read(tansu: Tansu, topic: str
         reading = ledger.read(0)
         first = await anext(reading)
         assert [r.offset for r in first] == [0]
+        # the next response's fetch is already sent while the caller holds
+        # these records (not only created: it would wait for the caller's fold)
+        [prefetch] = [
+            task
+            for task in asyncio.all_tasks() - before
+            if task.get_coro().__qualname__ == PartitionFetcher.fetch.__qualname__
+        ]
+        assert inspect.getcoroutinestate(prefetch.get_coro()) != inspect.CORO_CREATED
         await reading.aclose()  # the prefetch of the next response is ended with it
         assert asyncio.all_tasks() <= before
     finally:
