@@ -58,8 +58,9 @@ from quotaledger.projections.snapshot import PersistedCopy, copy_persisted, dump
 from quotaledger.projections.state import EvictionRun, ProjectedState
 
 from .core import EngineCore
-from .restore import ChainedFold, Stopped
+from .restore import ChainedFold, Restored, Stopped
 from .restore import restore as restore_ledger
+from .stopping import unless_stopped
 
 log = logging.getLogger("quotaledger.engine")
 
@@ -158,18 +159,25 @@ class LiveEngine:
         full replay, with the digest chain).
 
         Returns False when ``stop`` was set during the catch-up (DESIGN §9
-        shutdown: checked between batches, a few ms apart; nothing is written
-        while catching up, so the ledger is untouched). Logs progress every
-        ``progress_every_s``.
+        shutdown: checked between batches, a few ms apart, and raced against
+        every wait on the ledger; nothing is written while catching up, so the
+        ledger is untouched). Logs progress every ``progress_every_s``.
         """
-        tail = await self.ledger.last_offset()
-        progress = CatchUpProgress(self.instance, tail, self.progress_every_s)
+        progress = CatchUpProgress(self.instance, -1, self.progress_every_s)
+
+        async def catch_up() -> Restored:
+            progress.tail = await self.ledger.last_offset()
+            return await restore_ledger(self.ledger, warn=log.warning, progress=progress, stop=stop)
+
         try:
-            restored = await restore_ledger(
-                self.ledger, warn=log.warning, progress=progress, stop=stop
-            )
+            # raced against the stop too: a ledger that does not answer (a stalled broker
+            # link) must not hold a stop up until its read times out (DECISIONS 301)
+            restored = await unless_stopped(catch_up(), stop)
         except Stopped as exc:
             log.info("engine %s stopped during catch-up (%s)", self.instance, exc)
+            return False
+        if restored is None:
+            log.info("engine %s stopped during catch-up (waiting on the ledger)", self.instance)
             return False
         progress.done(restored.projection.state.offset)
         self.fold = restored.fold
@@ -198,7 +206,7 @@ class LiveEngine:
         while True:
             epoch = self.state.leader_epoch + 1
             try:
-                claimed = await _unless_stopped(
+                claimed = await unless_stopped(
                     self.append_applied([LeaderElected(epoch=epoch, instance=self.instance)]),
                     stop,
                 )
@@ -702,25 +710,3 @@ class CatchUpProgress:
 
 class _Stop(Exception):
     """Raised inside the TaskGroup to cancel every task on ``stop``."""
-
-
-async def _unless_stopped(work: Awaitable[int], stop: asyncio.Event | None) -> int | None:
-    """``work``'s result, or None once ``stop`` is set first (``work`` then cancelled): a
-    claim held up by a slow or unreachable ledger must not hold up a stop (DESIGN §9)."""
-    task = asyncio.ensure_future(work)
-    if stop is None:
-        return await task
-    stopper = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()
-        raise
-    finally:
-        stopper.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    return None
