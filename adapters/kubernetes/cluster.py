@@ -252,9 +252,16 @@ async def _lead(
         term_over.set()
         await stop_watcher()
         await cancel_and_wait(guard_task)
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
+            # the engine ends on term_over (its stop); waited for with asyncio.wait, so a
+            # cancellation of this term is raised, not swallowed with the engine's
+            await asyncio.wait({engine_task})
+        finally:
+            if not engine_task.done():  # this term was cancelled: so is its engine
+                await cancel_and_wait(engine_task)
+        if not engine_task.cancelled():
             try:
-                await engine_task
+                engine_task.result()
             except* NotLeader:
                 log.warning("engine %s: the Lease was lost before it noticed", args.instance)
             except* LedgerError as group:
