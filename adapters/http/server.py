@@ -27,7 +27,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from quotaledger.engine.live import LiveEngine, LogExecutor, SimulateExecutor
+from quotaledger.engine.executors import LogExecutor, SimulateExecutor
+from quotaledger.engine.live import LiveEngine
 from quotaledger.engine.stopping import cancel_and_wait
 from quotaledger.events.ledger import Ledger, Record
 from quotaledger.events.times import wall_clock_ms

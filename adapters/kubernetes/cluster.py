@@ -33,12 +33,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Seque
 from dataclasses import dataclass
 from typing import Any
 
-from quotaledger.engine.live import (  # type: ignore[import-untyped,unused-ignore]
-    Executor,
-    LiveEngine,
-    LogExecutor,
-    SimulateExecutor,
-)
+from quotaledger.engine.executors import Executor, LogExecutor, SimulateExecutor
+from quotaledger.engine.live import LiveEngine  # type: ignore[import-untyped,unused-ignore]
 from quotaledger.engine.stopping import cancel_and_wait, unless_stopped
 from quotaledger.events.ledger import Append, Ledger, LedgerError, Record, Snapshot
 
