@@ -25,10 +25,10 @@ Rules the engine keeps:
   reconciler has looked at the state, and a snapshot is encoded a few
   milliseconds at a time and written off the loop (:meth:`LiveEngine.checkpoint`).
 
-Longer than 600 lines: the follower, the reconciler, the checkpoint task and the epoch
-claim share one state, one read-back wait and one TaskGroup; the rules they keep together
-(above) are easier to check in one file. The pure parts already live elsewhere
-(:mod:`.core` proposes, :mod:`.restore` restores).
+The pure parts live elsewhere: :mod:`.core` proposes, :mod:`.restore` restores,
+:mod:`.executors` carry out evictions, :mod:`.readback` checks what is read back,
+:mod:`.checkpoints` encodes snapshots, :mod:`.progress` logs the catch-up and
+:mod:`.stopping` races work against the stop.
 """
 
 from __future__ import annotations
@@ -40,61 +40,29 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from quotaledger.events.codec import encode_event
 from quotaledger.events.ledger import Append, Ledger, LedgerError, Record, Snapshot
 from quotaledger.events.model import (
     Event,
-    EvictionFailed,
-    EvictionSucceeded,
     LeaderElected,
     LedgerDigest,
-    PodRemoved,
 )
 from quotaledger.events.times import wall_clock_ms
 from quotaledger.projections import Projection, state_hash
-from quotaledger.projections.snapshot import PersistedCopy, copy_persisted, dump_pieces
+from quotaledger.projections.snapshot import copy_persisted
 from quotaledger.projections.state import EvictionRun, ProjectedState
 
+from .checkpoints import Checkpoint, encode_in_slices
 from .core import EngineCore
-from .restore import ChainedFold, Stopped
+from .executors import Executor
+from .progress import CatchUpProgress
+from .readback import ReadBackError, check_read_back, trim_kept
+from .restore import ChainedFold, Restored, Stopped
 from .restore import restore as restore_ledger
+from .stopping import unless_stopped
 
 log = logging.getLogger("quotaledger.engine")
-
-
-class Executor(Protocol):
-    """Carries out one accepted eviction; returns the facts/decisions to append.
-
-    Must be idempotent by ``eviction_id``: after a restart the same eviction
-    may be driven again.
-    """
-
-    async def evict(self, eviction: EvictionRun, state: ProjectedState) -> list[Event]: ...
-
-
-class SimulateExecutor:
-    """The pod is removed at once: ``EvictionSucceeded`` and ``PodRemoved``."""
-
-    async def evict(self, eviction: EvictionRun, state: ProjectedState) -> list[Event]:
-        return [
-            EvictionSucceeded(eviction_id=eviction.eviction_id),
-            PodRemoved(uid=eviction.pod_uid),
-        ]
-
-
-class LogExecutor:
-    """Dry run: logs the eviction and records it as not executed."""
-
-    async def evict(self, eviction: EvictionRun, state: ProjectedState) -> list[Event]:
-        log.warning(
-            "dry run: would evict pod %s from %s (%s)",
-            eviction.pod_uid,
-            eviction.queue,
-            eviction.eviction_id,
-        )
-        return [EvictionFailed(eviction_id=eviction.eviction_id, error="dry run (log executor)")]
 
 
 @dataclass(slots=True)
@@ -158,18 +126,25 @@ class LiveEngine:
         full replay, with the digest chain).
 
         Returns False when ``stop`` was set during the catch-up (DESIGN §9
-        shutdown: checked between batches, a few ms apart; nothing is written
-        while catching up, so the ledger is untouched). Logs progress every
-        ``progress_every_s``.
+        shutdown: checked between batches, a few ms apart, and raced against
+        every wait on the ledger; nothing is written while catching up, so the
+        ledger is untouched). Logs progress every ``progress_every_s``.
         """
-        tail = await self.ledger.last_offset()
-        progress = CatchUpProgress(self.instance, tail, self.progress_every_s)
+        progress = CatchUpProgress(self.instance, -1, self.progress_every_s)
+
+        async def catch_up() -> Restored:
+            progress.tail = await self.ledger.last_offset()
+            return await restore_ledger(self.ledger, warn=log.warning, progress=progress, stop=stop)
+
         try:
-            restored = await restore_ledger(
-                self.ledger, warn=log.warning, progress=progress, stop=stop
-            )
+            # raced against the stop too: a ledger that does not answer (a stalled broker
+            # link) must not hold a stop up until its read times out (DECISIONS 301)
+            restored = await unless_stopped(catch_up(), stop)
         except Stopped as exc:
             log.info("engine %s stopped during catch-up (%s)", self.instance, exc)
+            return False
+        if restored is None:
+            log.info("engine %s stopped during catch-up (waiting on the ledger)", self.instance)
             return False
         progress.done(restored.projection.state.offset)
         self.fold = restored.fold
@@ -198,7 +173,7 @@ class LiveEngine:
         while True:
             epoch = self.state.leader_epoch + 1
             try:
-                claimed = await _unless_stopped(
+                claimed = await unless_stopped(
                     self.append_applied([LeaderElected(epoch=epoch, instance=self.instance)]),
                     stop,
                 )
@@ -378,13 +353,13 @@ class LiveEngine:
         if taken.copy is not None:
             await self._write_snapshot(taken)
 
-    def _take_checkpoint(self, *, snapshot: bool) -> _Checkpoint:
+    def _take_checkpoint(self, *, snapshot: bool) -> Checkpoint:
         """The checkpoint of the state as it is now, in one step (no await, so
         no record is folded in between): the chain's digest, the state hash and,
         with ``snapshot``, a copy of the persisted state (:func:`copy_persisted`,
         a few ms) that the snapshot is encoded from while folding goes on."""
         state = self.state
-        taken = _Checkpoint(
+        taken = Checkpoint(
             through=state.offset,
             digest=self.fold.chain.hex,
             state_hash=state_hash(state),
@@ -395,31 +370,23 @@ class LiveEngine:
             self._snapshot_through = taken.through
         return taken
 
-    async def _append_digest(self, taken: _Checkpoint) -> None:
+    async def _append_digest(self, taken: Checkpoint) -> None:
         if self.is_leader():
             anchor = LedgerDigest(
                 through=taken.through, digest=taken.digest, state_hash=taken.state_hash
             )
             await self.append([anchor])
 
-    async def _write_snapshot(self, taken: _Checkpoint) -> None:
+    async def _write_snapshot(self, taken: Checkpoint) -> None:
         """Encode ``taken``'s copy at most ``snapshot_slice_s`` at a time, yielding
         to the loop in between; checksum it on a thread (hashlib releases the
         GIL); store it (the ledger writes it off the loop, without holding up
         appends). The blob is :func:`~quotaledger.projections.snapshot.dump` of
         the state at ``through``, byte for byte."""
         assert taken.copy is not None
-        pieces: list[bytes] = []
         clock = time.perf_counter
         began = clock()
-        until = began + self.snapshot_slice_s
-        for piece in dump_pieces(taken.copy):
-            pieces.append(piece)
-            if clock() >= until:
-                await asyncio.sleep(0)
-                until = clock() + self.snapshot_slice_s
-        blob = b"".join(pieces)
-        del pieces
+        blob = await encode_in_slices(taken.copy, self.snapshot_slice_s)
         encoded = clock()
         checksum = await asyncio.to_thread(Snapshot.checksum_of, blob)
         await self.ledger.save_snapshot(
@@ -442,7 +409,7 @@ class LiveEngine:
             self.state.offset,
         )
 
-    async def _snapshot_in_background(self, taken: _Checkpoint) -> None:
+    async def _snapshot_in_background(self, taken: Checkpoint) -> None:
         """:meth:`_write_snapshot`; a failure is logged (a snapshot is a cache,
         DESIGN §9) and the next one falls due as usual."""
         try:
@@ -484,48 +451,12 @@ class LiveEngine:
         try:
             offsets = await self.ledger.append([Append(payload=p) for p in payloads])
             await self.applied_through(offsets[-1])
-            self._check_read_back(offsets, payloads)
+            check_read_back(self._kept, offsets, payloads, self.instance)
         finally:
             del self._readbacks[token]
-            self._trim_kept()
+            self._kept = trim_kept(self._kept, self._readbacks)
         self.core.sealed_through = max(self.core.sealed_through, offsets[-1])
         return offsets[0]
-
-    def _check_read_back(self, offsets: list[int], payloads: list[bytes]) -> None:
-        """Raise :class:`ReadBackError` unless the batches applied since the
-        append was sent hold ``payloads`` at ``offsets`` (a few compares)."""
-        found: dict[int, bytes] = {}
-        low, high = offsets[0], offsets[-1]
-        for batch in self._kept:
-            if not batch or batch[-1].offset < low or batch[0].offset > high:
-                continue
-            first = batch[0].offset
-            for offset in offsets:
-                index = offset - first
-                if 0 <= index < len(batch) and batch[index].offset == offset:
-                    found[offset] = batch[index].payload
-        for offset, payload in zip(offsets, payloads, strict=True):
-            got = found.get(offset)
-            if got == payload:
-                continue
-            what = "no record" if got is None else f"another record ({got[:160]!r})"
-            message = (
-                f"engine {self.instance}: the ledger acknowledged its append at offsets"
-                f" {low}..{high}, but the follower applied {what} at offset {offset}:"
-                " this engine's state lacks its own decision (a reader that filled or"
-                " skipped offsets the broker had not proven gone?); stopping rather than"
-                " deciding on that state"
-            )
-            log.error("%s", message)
-            raise ReadBackError(message)
-
-    def _trim_kept(self) -> None:
-        """Drop kept batches no pending read-back can need."""
-        if not self._readbacks:
-            self._kept.clear()
-            return
-        floor = min(self._readbacks.values())
-        self._kept = [batch for batch in self._kept if batch and batch[-1].offset > floor]
 
     def is_leader(self) -> bool:
         """May this engine decide now (fire timers, sample clocks, drive evictions)?
@@ -639,20 +570,6 @@ class LiveEngine:
             self._wake.set()
 
 
-class ReadBackError(LedgerError):
-    """What the follower applied at an append's offsets is not that append."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Checkpoint:
-    """A checkpoint taken at ``through`` (see ``LiveEngine._take_checkpoint``)."""
-
-    through: int
-    digest: str
-    state_hash: str
-    copy: PersistedCopy | None
-
-
 def _rejected(state: ProjectedState, offset: int) -> bool:
     """Was the record at ``offset`` refused by the projection? (newest first)"""
     for rejection in reversed(state.rejected):
@@ -663,64 +580,5 @@ def _rejected(state: ProjectedState, offset: int) -> bool:
     return False
 
 
-class CatchUpProgress:
-    """Logs catch-up progress every ``every_s`` seconds (DESIGN §9 progress);
-    called with the number of records folded so far."""
-
-    def __init__(self, instance: str, tail: int, every_s: float) -> None:
-        self.instance, self.tail, self.every_s = instance, tail, every_s
-        self.started = self.shown_at = time.monotonic()
-        self.records = 0
-        self.shown = False
-
-    def __call__(self, records: int) -> None:
-        self.records = records
-        now = time.monotonic()
-        if now - self.shown_at < self.every_s:
-            return
-        self.shown_at = now
-        self.shown = True
-        rate = self.records / max(now - self.started, 1e-9)
-        log.info(
-            "engine %s catching up: %d records folded of %d (%.0f records/s)",
-            self.instance,
-            self.records,
-            self.tail,
-            rate,
-        )
-
-    def done(self, offset: int) -> None:
-        if self.shown:
-            log.info(
-                "engine %s caught up: %d records in %.1f s, at offset %d",
-                self.instance,
-                self.records,
-                time.monotonic() - self.started,
-                offset,
-            )
-
-
 class _Stop(Exception):
     """Raised inside the TaskGroup to cancel every task on ``stop``."""
-
-
-async def _unless_stopped(work: Awaitable[int], stop: asyncio.Event | None) -> int | None:
-    """``work``'s result, or None once ``stop`` is set first (``work`` then cancelled): a
-    claim held up by a slow or unreachable ledger must not hold up a stop (DESIGN §9)."""
-    task = asyncio.ensure_future(work)
-    if stop is None:
-        return await task
-    stopper = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()
-        raise
-    finally:
-        stopper.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    return None

@@ -36,7 +36,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
-from quotaledger.engine.live import LiveEngine, SimulateExecutor
+from quotaledger.engine.executors import SimulateExecutor
+from quotaledger.engine.live import LiveEngine
 from quotaledger.events.ledger import Append
 from quotaledger.events.model import Event
 from quotaledger.projections.state import EvictionRun, ProjectedState

@@ -29,7 +29,8 @@ from typing import Any
 
 import msgspec
 
-from quotaledger.engine.live import LiveEngine, SimulateExecutor
+from quotaledger.engine.executors import SimulateExecutor
+from quotaledger.engine.live import LiveEngine
 from quotaledger.engine.simulate import Simulation
 from quotaledger.events.codec import decode_event
 from quotaledger.events.ledger import Append

@@ -67,7 +67,8 @@ from typing import Any
 
 import msgspec
 
-from quotaledger.engine.live import LiveEngine, SimulateExecutor
+from quotaledger.engine.executors import SimulateExecutor
+from quotaledger.engine.live import LiveEngine
 from quotaledger.events.codec import decode_event
 from quotaledger.events.ledger import Record
 from quotaledger.events.model import Event

@@ -39,7 +39,8 @@ from .common import (
 async def _run_engine(args: argparse.Namespace) -> None:
     """Open (or create) the ledger and run the live engine, or the engine and the
     cluster watcher when on a cluster, until SIGTERM/SIGINT or ``--stop-after``."""
-    from quotaledger.engine.live import LiveEngine, LogExecutor, SimulateExecutor
+    from quotaledger.engine.executors import LogExecutor, SimulateExecutor
+    from quotaledger.engine.live import LiveEngine
 
     if args.executor == "kafka" and not is_kafka_url(args.ledger):
         raise UserError(

@@ -27,7 +27,9 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from quotaledger.engine.live import LiveEngine, LogExecutor, SimulateExecutor
+from quotaledger.engine.executors import LogExecutor, SimulateExecutor
+from quotaledger.engine.live import LiveEngine
+from quotaledger.engine.stopping import cancel_and_wait
 from quotaledger.events.ledger import Ledger, Record
 from quotaledger.events.times import wall_clock_ms
 from quotaledger.projections import ProjectedState, settle
@@ -174,9 +176,10 @@ class Server:
             await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             waiter.cancel()
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            # until it has ended: a cancellation swallowed inside the read (aiokafka's
+            # client close did) must not leave it folding beside the term's engine, nor
+            # hold the term up (DECISIONS 300)
+            await cancel_and_wait(task)
 
     async def _follow_only(self, stop: asyncio.Event) -> None:
         """``--read-only``: fold the ledger and follow its tail; no decisions."""
@@ -196,9 +199,7 @@ class Server:
         try:
             await stop.wait()
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     async def _http(self, stop: asyncio.Event, announce: Callable[[Server], None] | None) -> None:
         runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)

@@ -33,12 +33,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Seque
 from dataclasses import dataclass
 from typing import Any
 
-from quotaledger.engine.live import (  # type: ignore[import-untyped,unused-ignore]
-    Executor,
-    LiveEngine,
-    LogExecutor,
-    SimulateExecutor,
-)
+from quotaledger.engine.executors import Executor, LogExecutor, SimulateExecutor
+from quotaledger.engine.live import LiveEngine  # type: ignore[import-untyped,unused-ignore]
+from quotaledger.engine.stopping import cancel_and_wait, unless_stopped
 from quotaledger.events.ledger import Append, Ledger, LedgerError, Record, Snapshot
 
 from .client import Cluster, connect
@@ -138,26 +135,27 @@ async def run_on_cluster(
         await cluster.close()
 
 
-async def _first(work: Any, stop: asyncio.Event) -> bool:
-    """Run ``work`` until it ends (True) or ``stop`` is set first (False)."""
-    task = asyncio.ensure_future(work)
-    stopper = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    stopper.cancel()
-    if task.done():
-        task.result()
+async def _first(work: Awaitable[Any], stop: asyncio.Event) -> bool:
+    """Run ``work`` until it ends (True; its error is raised) or ``stop`` is set first
+    (False: ``work`` cancelled and waited for)."""
+
+    async def whole() -> bool:
+        await work
         return True
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    return False
+
+    return await unless_stopped(whole(), stop) is not None
 
 
 async def _wait_for_lease(
     elector: LeaseElector, stop: asyncio.Event, between_terms: BetweenTerms | None
 ) -> bool:
     """Wait for the Lease (True) or ``stop`` (False), ``between_terms`` running meanwhile;
-    an error of ``between_terms`` (the ledger unreadable) ends the wait with that error."""
+    an error of ``between_terms`` (the ledger unreadable) ends the wait with that error.
+
+    ``between_terms`` is over before this returns: told by ``taken``, then cancelled until
+    it ends (:func:`cancel_and_wait`; its follower must not fold beside the term's engine,
+    and a cancellation swallowed inside it must not hold the term or a stop up, DECISIONS
+    300)."""
     if between_terms is None:
         return await _first(elector.acquire(), stop)
     taken = asyncio.Event()
@@ -170,11 +168,8 @@ async def _wait_for_lease(
         return await waiting
     finally:
         taken.set()
-        waiting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await waiting
-        with contextlib.suppress(asyncio.CancelledError):
-            await follower
+        await cancel_and_wait(waiting)
+        await cancel_and_wait(follower)
 
 
 async def _lead(
@@ -244,21 +239,25 @@ async def _lead(
 
     async def stop_watcher() -> None:
         if watcher_task is not None:
-            watcher_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, NotLeader):
-                await watcher_task
+            with contextlib.suppress(NotLeader):
+                await cancel_and_wait(watcher_task)
 
     try:
         await term_over.wait()
     finally:
         term_over.set()
         await stop_watcher()
-        guard_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await guard_task
-        with contextlib.suppress(asyncio.CancelledError):
+        await cancel_and_wait(guard_task)
+        try:
+            # the engine ends on term_over (its stop); waited for with asyncio.wait, so a
+            # cancellation of this term is raised, not swallowed with the engine's
+            await asyncio.wait({engine_task})
+        finally:
+            if not engine_task.done():  # this term was cancelled: so is its engine
+                await cancel_and_wait(engine_task)
+        if not engine_task.cancelled():
             try:
-                await engine_task
+                engine_task.result()
             except* NotLeader:
                 log.warning("engine %s: the Lease was lost before it noticed", args.instance)
             except* LedgerError as group:

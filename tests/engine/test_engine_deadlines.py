@@ -26,7 +26,8 @@ import msgspec
 
 from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 from quotaledger.engine.core import EngineCore
-from quotaledger.engine.live import LiveEngine, SimulateExecutor
+from quotaledger.engine.executors import SimulateExecutor
+from quotaledger.engine.live import LiveEngine
 from quotaledger.engine.simulate import Simulation
 from quotaledger.events.codec import decode_event
 from quotaledger.events.ledger import Append, Record

@@ -26,7 +26,8 @@ import pytest
 
 from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 from quotaledger.engine.core import EngineCore
-from quotaledger.engine.live import LiveEngine, SimulateExecutor
+from quotaledger.engine.executors import SimulateExecutor
+from quotaledger.engine.live import LiveEngine
 from quotaledger.events.codec import decode_event, encode_event
 from quotaledger.events.ledger import Append, LedgerError, Record
 from quotaledger.events.model import Event, EvictionRequested, LeaderElected, PreemptionStarted

@@ -34,7 +34,8 @@ from quotaledger.adapters.cli import main
 from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 from quotaledger.engine.audit import audit, report_text
 from quotaledger.engine.core import EngineCore, Timer
-from quotaledger.engine.live import LiveEngine, SimulateExecutor
+from quotaledger.engine.executors import SimulateExecutor
+from quotaledger.engine.live import LiveEngine
 from quotaledger.events.codec import decode_event, encode_event
 from quotaledger.events.ledger import Append, Record
 from quotaledger.events.model import (

@@ -22,7 +22,8 @@ from quotaledger.adapters.cli import main
 from quotaledger.adapters.ledgers.jsonl import records as jsonl_records
 from quotaledger.adapters.ledgers.sqlite.connection import connect_read_only
 from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
-from quotaledger.engine.live import LiveEngine, SimulateExecutor
+from quotaledger.engine.executors import SimulateExecutor
+from quotaledger.engine.live import LiveEngine
 from quotaledger.engine.restore import restore
 from quotaledger.engine.simulate import Simulation
 from quotaledger.events.codec import encode_event

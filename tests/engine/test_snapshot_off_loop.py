@@ -40,7 +40,8 @@ from quotaledger.adapters.ledgers.sqlite import snapshots as snapshots_module
 from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 from quotaledger.adapters.ledgers.sqlite.snapshots import KEEP_SNAPSHOTS, SnapshotStore, to_drop
 from quotaledger.engine import live
-from quotaledger.engine.live import LiveEngine, SimulateExecutor
+from quotaledger.engine.executors import SimulateExecutor
+from quotaledger.engine.live import LiveEngine
 from quotaledger.engine.restore import restore, verify_snapshot
 from quotaledger.events.codec import decode_event, encode_event
 from quotaledger.events.ledger import Append, Record, Snapshot

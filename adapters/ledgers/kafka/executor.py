@@ -25,7 +25,6 @@ which becomes ``EvictionSucceeded`` / ``EvictionFailed`` in the ledger. Rules:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
@@ -39,6 +38,8 @@ from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
 from quotaledger.events.ledger import LedgerError
 from quotaledger.events.model import Event, EvictionFailed, EvictionSucceeded
 from quotaledger.projections.state import EvictionRun, ProjectedState
+
+from .stopping import stop_client
 
 __all__ = ["EvictionCommand", "EvictionOutcome", "KafkaExecutor"]
 
@@ -109,8 +110,7 @@ class KafkaExecutor:
         except KafkaError as exc:
             raise LedgerError(f"executor kafka: cannot create its topics: {exc}") from None
         finally:
-            with contextlib.suppress(Exception):
-                await admin.close()
+            await stop_client(admin.close())
         self._producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=False, **self._options
         )
@@ -146,15 +146,19 @@ class KafkaExecutor:
         await self.close()
 
     async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
-            self._reader = None
+        """Stop the outcome reader and the clients; a cancellation of the caller on the
+        way is raised, not swallowed (:func:`.stopping.stop_client`)."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.cancel()
+            await asyncio.wait({reader})
+            if not reader.cancelled() and reader.exception() is not None:
+                log.warning(
+                    "executor kafka: the outcome reader had stopped: %s", reader.exception()
+                )
         for client in (self._consumer, self._producer):
             if client is not None:
-                with contextlib.suppress(Exception):
-                    await client.stop()
+                await stop_client(client.stop())
         self._consumer = self._producer = None
 
     # ------------------------------------------------------------ executor

@@ -36,7 +36,6 @@ Rules, the same as aiokafka's fetcher keeps:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -50,6 +49,8 @@ from aiokafka.record.default_records import DefaultRecordBatch  # type: ignore[i
 from aiokafka.record.memory_records import MemoryRecords  # type: ignore[import-untyped]
 
 from quotaledger.events.ledger import LedgerError
+
+from .stopping import stop_client
 
 __all__ = [
     "FETCH_BYTES",
@@ -267,7 +268,8 @@ class PartitionFetcher:
         )
 
     async def close(self) -> None:
-        """Cancel a prefetch and close the connections. Idempotent."""
+        """Cancel a prefetch and close the connections. Idempotent. A cancellation of the
+        caller during the close is raised (:func:`.stopping.stop_client`)."""
         if self._closed:
             return
         self._closed = True
@@ -276,5 +278,5 @@ class PartitionFetcher:
             task.cancel()
         if pending:
             await asyncio.wait(pending, timeout=5)
-        with contextlib.suppress(Exception):
-            await self._client.close()
+        # not awaited directly: aiokafka's close would swallow a cancellation of this task
+        await stop_client(self._client.close())

@@ -27,7 +27,6 @@ DECISIONS 205).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -46,6 +45,7 @@ from quotaledger.events.times import wall_clock_ms
 
 from ..sqlite.snapshots import SnapshotStore
 from .reader import GAP_PATIENCE_S, PartitionReads
+from .stopping import stop_client
 from .topic import PRODUCER_BATCH_BYTES, ensure_topic, producer_settings
 from .walk import ms_datetime, opened_id
 
@@ -156,7 +156,7 @@ class KafkaLedger:
             try:
                 await producer.start()
             except KafkaError as exc:
-                await producer.stop()
+                await stop_client(producer.stop())
                 raise LedgerError(f"{where}: cannot connect: {exc}") from None
         ledger = cls(
             reads,
@@ -366,21 +366,17 @@ class KafkaLedger:
             return
         self._closed = True
         await self.reads.close()
-        if self._producer is not None:
-            # appends still unacknowledged get a moment to be delivered, no more: a stop
-            # is bounded (DESIGN §9), and such an append's fate is unknown either way,
-            # as after a crash (a reader finds it, or not: DECISIONS 201)
-            stopping = asyncio.ensure_future(self._producer.stop())
-            done, _ = await asyncio.wait({stopping}, timeout=CLOSE_FLUSH_S)
-            if not done:
-                log.warning(
-                    "%s: appends not acknowledged within %.1f s of closing were given up",
-                    self.where,
-                    CLOSE_FLUSH_S,
-                )
-                stopping.cancel()
-            with contextlib.suppress(BaseException):
-                await stopping
+        # appends still unacknowledged get a moment to be delivered, no more: a stop is
+        # bounded (DESIGN §9), and such an append's fate is unknown either way, as after a
+        # crash (a reader finds it, or not: DECISIONS 201)
+        if self._producer is not None and not await stop_client(
+            self._producer.stop(), within_s=CLOSE_FLUSH_S
+        ):
+            log.warning(
+                "%s: appends not acknowledged within %.1f s of closing were given up",
+                self.where,
+                CLOSE_FLUSH_S,
+            )
         if self._snapshots is not None:
             self._snapshots.close()
 

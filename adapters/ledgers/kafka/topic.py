@@ -9,7 +9,6 @@ idempotent producer), one record batch per request (:func:`producer_settings`).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -17,6 +16,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-
 from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
 
 from quotaledger.events.ledger import LedgerError
+
+from .stopping import stop_client
 
 __all__ = ["PRODUCER_BATCH_BYTES", "TOPIC_CONFIG", "ensure_topic", "producer_settings"]
 
@@ -59,8 +60,7 @@ async def ensure_topic(
                 " (total order)"
             )
     finally:
-        with contextlib.suppress(Exception):
-            await admin.close()
+        await stop_client(admin.close())
 
 
 async def _partitions_or_create(admin: Any, topic: str, create: bool, where: str) -> int | None:

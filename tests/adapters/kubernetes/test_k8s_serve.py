@@ -10,6 +10,7 @@ import json
 import signal
 import sys
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,12 @@ import yaml
 
 from quotaledger.adapters.cli import build_parser
 from quotaledger.adapters.http.command import serve_options
-from quotaledger.adapters.http.server import serve
+from quotaledger.adapters.http.server import Server, serve
+from quotaledger.adapters.kubernetes.lease import LeaseElector
 from quotaledger.adapters.kubernetes.options import check_arguments, on_cluster
+from quotaledger.adapters.ledgers.sqlite.ledger import SqliteLedger
 from quotaledger.events.codec import decode_event, peek_kind
+from quotaledger.events.ledger import Record
 from quotaledger.events.model import LeaderElected, PodUpserted
 from tests.adapters.kubernetes.test_k8s_rbac import DEPLOY, evict_relist_and_check
 from tests.adapters.kubernetes.test_k8s_replicas import seed
@@ -197,3 +201,74 @@ def test_the_deployment_args_are_a_serve_on_the_cluster() -> None:
     assert on_cluster(args) and args.in_cluster
     assert check_arguments(args) is None
     assert args.executor == "log"
+
+
+class SwallowingLedger:
+    """A ledger whose first follow read to be cancelled swallows that cancellation and
+    reads on, as aiokafka's client close once did now and then (DECISIONS 300)."""
+
+    def __init__(self, inner: SqliteLedger) -> None:
+        self.inner = inner
+        self.swallowed = 0
+
+    async def read(
+        self, from_offset: int = 0, *, follow: bool = False
+    ) -> AsyncIterator[list[Record]]:
+        offset = from_offset
+        while True:
+            batches = self.inner.read(offset, follow=follow)
+            try:
+                async for batch in batches:
+                    offset = batch[-1].offset + 1
+                    yield batch
+                return
+            except asyncio.CancelledError:
+                if not follow or self.swallowed:
+                    raise
+                self.swallowed += 1
+            finally:
+                await batches.aclose()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_a_follower_that_swallows_a_cancellation_does_not_hold_the_term_up(
+    tmp_path: Path,
+) -> None:
+    """A replica that takes the Lease cancels the follower it ran meanwhile before its
+    term begins. One cancellation swallowed inside that follower's read (aiokafka's client
+    close did that at random) once left it following for ever: the term never began, the
+    cluster's pods never reached the ledger and SIGTERM was ignored (DECISIONS 300). The
+    follower is cancelled until it ends: the term begins and the stop ends the replica."""
+    async with rig(tmp_path) as r:
+        r.server.put("nodes", node("n1"))
+        r.server.put("pods", pod("p", uid="uid-p", node="n1", phase="Running"))
+        # another holds the Lease for its duration: k1 follows the ledger meanwhile
+        other = LeaseElector(
+            r.cluster.coordination, "quotaledger", "quotaledger", "other", 1.0, 0.6, 0.2
+        )
+        assert await other.try_acquire_or_renew()
+        args = build_parser().parse_args(
+            [
+                "serve", str(r.ledger_path), "--kubeconfig", str(r.kubeconfig), "--instance",
+                "k1", "--executor", "log", "--listen", "127.0.0.1:0", *LEASE,
+                "--watch-timeout", "5",
+            ]
+        )  # fmt: skip
+        ledger = SwallowingLedger(await SqliteLedger.open(r.ledger_path))
+        stop = asyncio.Event()
+        task = asyncio.create_task(Server(ledger, serve_options(args)).run(stop))  # type: ignore[arg-type]
+        try:
+
+            async def listed() -> bool:
+                assert not task.done(), task
+                return (await pod_facts(r))["uid-p"] == 1
+
+            await eventually(listed, limit_s=60, what="the pod on the ledger, appended by k1")
+            assert ledger.swallowed == 1 and holder(r) == "k1"
+        finally:
+            stop.set()
+            async with asyncio.timeout(30):  # a hang guard: the stop ends the replica
+                await task
+            await ledger.inner.close()

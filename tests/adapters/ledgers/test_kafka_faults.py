@@ -21,7 +21,8 @@ import msgspec
 import pytest
 
 from quotaledger.adapters.ledgers.kafka.ledger import KafkaLedger
-from quotaledger.engine.live import LiveEngine, SimulateExecutor
+from quotaledger.engine.executors import SimulateExecutor
+from quotaledger.engine.live import LiveEngine
 from quotaledger.events.codec import decode_event
 from quotaledger.events.ledger import Append, Record
 from quotaledger.events.model import (

@@ -435,3 +435,24 @@ async def test_an_answer_without_the_partition_is_not_the_tail(tansu: Tansu, top
     finally:
         await fetcher.close()
         await ledger.close()
+
+
+async def test_a_cancellation_during_a_fetcher_close_is_not_swallowed(
+    tansu: Tansu, topic: str
+) -> None:
+    """aiokafka's client close cancels its metadata task and awaits it with CancelledError
+    suppressed: a cancellation of the closing task that arrives then must still end that
+    task (DECISIONS 300; a serve replica's follower once went on following after it was
+    cancelled at that moment, and its term never began)."""
+    ledger = await KafkaLedger.open(tansu.bootstrap, topic, opened_at_ms=0)
+    try:
+        fetcher = PartitionFetcher([tansu.bootstrap], topic, "k", {})
+        await fetcher.start()
+        closing = asyncio.create_task(fetcher.close())
+        await asyncio.sleep(0)  # the close runs to its first wait: the client's own close
+        closing.cancel()
+        async with asyncio.timeout(10):
+            await asyncio.wait({closing})
+        assert closing.cancelled()
+    finally:
+        await ledger.close()

@@ -29,7 +29,9 @@ import pytest
 
 from quotaledger.adapters.ledgers.kafka import reader as kafka_reader
 from quotaledger.adapters.ledgers.kafka.ledger import KafkaLedger
-from quotaledger.engine.live import LiveEngine, ReadBackError, SimulateExecutor
+from quotaledger.engine.executors import SimulateExecutor
+from quotaledger.engine.live import LiveEngine
+from quotaledger.engine.readback import ReadBackError
 from quotaledger.events.ledger import Append, LedgerError, LedgerGap, Record
 from tests.cli_process import cli
 from tests.kafka_batches import batch_bytes, publish_raw
