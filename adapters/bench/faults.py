@@ -71,16 +71,7 @@ from typing import Any
 from quotaledger.engine.core import timers
 
 from ..ledgers.url import open_ledger
-from .fault_checks import (
-    CheckContext,
-    KafkaTap,
-    RawRecord,
-    Violation,
-    check_trial,
-    decode_json,
-    fold,
-    read_sqlite,
-)
+from .fault_checks import CheckContext, Violation, check_trial
 from .fault_cluster import (
     Cluster,
     FaultApiServer,
@@ -90,6 +81,7 @@ from .fault_cluster import (
     now_ms,
 )
 from .fault_proxy import FaultProxy
+from .fault_records import KafkaTap, RawRecord, decode_json, fold, read_sqlite
 
 BACKENDS = ("sqlite", "kafka")
 #: Fault kinds per backend; ``bench faults`` counts how often each was drawn and applied.

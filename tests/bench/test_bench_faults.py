@@ -30,11 +30,11 @@ from quotaledger.adapters.bench import faults as bench_faults
 from quotaledger.adapters.bench.fault_checks import (
     CheckContext,
     EvictionPost,
-    RawRecord,
     Violation,
     check_trial,
 )
 from quotaledger.adapters.bench.fault_proxy import FaultProxy
+from quotaledger.adapters.bench.fault_records import RawRecord
 from quotaledger.adapters.bench.faults import Options
 from quotaledger.adapters.bench.tansu import Tansu, free_port
 from quotaledger.adapters.ledgers.kafka.ledger import CLOSE_FLUSH_S, KafkaLedger
