@@ -4,6 +4,7 @@ It lives in :mod:`quotaledger.adapters.bench.standin` so that ``quotaledger benc
 can run against it too; it is not Kubernetes, only the part of its protocol the adapter uses.
 """
 
-from quotaledger.adapters.bench.standin import ApiCall, ApiServer, EvictionAnswer
+from quotaledger.adapters.bench.standin import ApiServer, EvictionAnswer
+from quotaledger.adapters.bench.standin_requests import ApiCall
 
 __all__ = ["ApiCall", "ApiServer", "EvictionAnswer"]

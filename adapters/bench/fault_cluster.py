@@ -17,7 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
-from .fault_checks import EvictionPost, decode_json
+from .fault_checks import EvictionPost
+from .fault_records import decode_json
 from .standin import ApiServer
 
 LEASE = ("coordination.k8s.io", "leases", "quotaledger", "quotaledger")

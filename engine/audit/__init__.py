@@ -10,6 +10,8 @@ entry points: :func:`audit` (one pass over a record source), the
 
 * :mod:`.decisions` — the :class:`~.decisions.Auditor`: feeds records in order,
   re-derives each decision and explains it;
+* :mod:`.basis` — the decisions judged on the state at their basis
+  (``ClocksObserved``, ``PreemptionStarted``);
 * :mod:`.checks` — the rules a decision is checked against on one state
   (clocks, the timer it answers at its basis and where it lands, its plan and
   victims);

@@ -26,16 +26,14 @@ decision names as its ``basis`` (the lagging fold, :mod:`.lagging`):
 A decision the projection refused (the one-preemption-per-queue guard, a stale
 epoch) is reported as refused, with the re-derivation's notes, and not flagged.
 
-The rules applied to one state are in :mod:`.checks`; this module picks the
-state for each (the basis, or the fold just before the record), keeps what
-spans records (each preemption's re-derived plan, the pods it requested, when
+The rules applied to one state are in :mod:`.checks`, the decisions judged on
+their basis state (``ClocksObserved``, ``PreemptionStarted``) in :mod:`.basis`;
+this module picks the state for each (the basis, or the fold just before the
+record), keeps what spans records (each preemption's re-derived plan, the pods it requested, when
 each eviction settled) and builds each finding's explanation (in :mod:`.report`'s
 words).
 
 Pure apart from reading records through a callable: no clock, no writes.
-
-Longer than 600 lines (barely): the auditor's one pass keeps the bookkeeping each kind of
-record needs beside the check it feeds; the rules themselves are in :mod:`.checks`.
 """
 
 from __future__ import annotations
@@ -65,22 +63,18 @@ from quotaledger.events.model import (
 from quotaledger.events.times import rfc3339
 from quotaledger.projections import Projection, state_hash
 from quotaledger.projections.plans import Plan, Victim
-from quotaledger.projections.settle import settle
 from quotaledger.projections.state import FINISHED_KEPT
 
 from ..core import EngineCore
-from .checks import check_victim, clock_problems, due_timer, landing_problems, plan_for
+from .basis import clocks_finding, started_finding
+from .checks import check_victim, landing_problems
 from .digests import DigestAudit
 from .findings import AuditReport, Finding, Problem
 from .lagging import LaggingFold
 from .report import (
-    clocks_words,
     explain_words,
     pod_words,
     rl,
-    why_decrease,
-    why_overuse,
-    why_reclaim,
 )
 from .start import SegmentStart, index_before, settled_between, settling, started_at
 
@@ -339,7 +333,7 @@ class Auditor:
     def _explain(self, record: Record, event: Event) -> Finding:
         head = f"{rfc3339(record.ts)} #{record.offset}"
         if isinstance(event, ClocksObserved):
-            return self._clocks(record, event, head)
+            return clocks_finding(record, event, head, self.lagging)
         if isinstance(event, PreemptionStarted):
             return self._started(record, event, head)
         if isinstance(event, EvictionRequested):
@@ -349,97 +343,13 @@ class Auditor:
         assert isinstance(event, EvictionSucceeded | EvictionFailed)
         return self._outcome(record, event, head)
 
-    # ------------------------------------------------------------ ClocksObserved
-
-    def _clocks(self, record: Record, event: ClocksObserved, head: str) -> Finding:
-        """Every clock started must owe (starve) at the basis, every stopped one not
-        (DECISIONS 13): the clocks that justify revoke and reclaim deadlines."""
-        finding = Finding(record.offset, record.ts, "ClocksObserved")
-        finding.explanation, finding.summary = clocks_words(event, head)
-        basis = event.basis
-        if not 0 <= basis < record.offset:
-            finding.problems.append(
-                Problem(
-                    "basis-not-before", {"basis": basis, "offset": record.offset, "what": "one"}
-                )
-            )
-            return finding
-        state = self.lagging.at(basis)
-        settle(state)
-        finding.problems += clock_problems(state, event)
-        return finding
-
     # ------------------------------------------------------------ PreemptionStarted
 
     def _started(self, record: Record, event: PreemptionStarted, head: str) -> Finding:
-        finding = Finding(
-            record.offset,
-            record.ts,
-            "PreemptionStarted",
-            queue=event.queue,
-            preemption_id=event.preemption_id,
-            pod_uid=event.pod_uid,
-        )
+        """Re-derived on its basis (:func:`.basis.started_finding`); its plan kept."""
         self.pending_starts.pop(event.preemption_id, None)
-        basis = event.basis
-        recorded = f"target {rl(event.target)}, basis #{basis}"
-        if not 0 <= basis < record.offset:
-            finding.explanation = f"{head} {event.cause} preemption on {event.queue}: {recorded}."
-            finding.problems.append(
-                Problem(
-                    "basis-not-before",
-                    {"basis": basis, "offset": record.offset, "what": "decision"},
-                )
-            )
-            self.expected[event.preemption_id] = _Expected(event.queue, event.cause, None)
-            return finding
-        state = self.lagging.at(basis)
-        if event.queue not in state.quotas:
-            finding.explanation = f"{head} {event.cause} preemption on {event.queue}: {recorded}."
-            finding.problems.append(
-                Problem("unknown-quota", {"queue": event.queue, "basis": basis})
-            )
-            self.expected[event.preemption_id] = _Expected(event.queue, event.cause, None)
-            return finding
-        timer, problem = due_timer(state, event, record.ts)
-        if problem is not None:
-            finding.problems.append(problem)
-        holder = state.occupied.get(event.queue)
-        if holder is not None:
-            finding.problems.append(
-                Problem("occupied", {"queue": event.queue, "holder": holder, "basis": basis})
-            )
-        plan = plan_for(state, event, timer)
+        finding, plan = started_finding(record, event, head, self.lagging)
         self.expected[event.preemption_id] = _Expected(event.queue, event.cause, plan)
-        if event.cause == "quota-decrease":
-            why = why_decrease(state, event, timer)
-        elif event.cause == "overuse":
-            why = why_overuse(state, event, timer)
-        elif event.cause == "reclaim":
-            why = why_reclaim(state, event, timer)
-        else:
-            why = f"{recorded}."
-        finding.explanation = (
-            f"{head} {event.cause} preemption {event.preemption_id} on {event.queue}"
-            f" (from the facts through #{basis}): {why}"
-        )
-        if plan is None:
-            if event.cause == "overuse":
-                finding.problems.append(
-                    Problem("nothing-owed", {"queue": event.queue, "basis": basis})
-                )
-            else:
-                finding.problems.append(Problem("empty-target", {"basis": basis}))
-        elif plan.target != event.target:
-            finding.problems.append(
-                Problem("target-differs", {"recorded": dict(event.target), "derived": plan.target})
-            )
-        if plan is not None:
-            if plan.victims:
-                names = ", ".join(v.pod_uid for v in plan.victims)
-                finding.explanation += f" The rule picks {len(plan.victims)} victim(s): {names}."
-            else:
-                finding.explanation += f" No victim is possible: {plan.reason}."
         return finding
 
     # ------------------------------------------------------------ EvictionRequested

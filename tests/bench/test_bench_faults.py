@@ -30,12 +30,13 @@ from quotaledger.adapters.bench import faults as bench_faults
 from quotaledger.adapters.bench.fault_checks import (
     CheckContext,
     EvictionPost,
-    RawRecord,
     Violation,
     check_trial,
 )
+from quotaledger.adapters.bench.fault_plan import Options, TrialResult
+from quotaledger.adapters.bench.fault_processes import filled, refused_at_start
 from quotaledger.adapters.bench.fault_proxy import FaultProxy
-from quotaledger.adapters.bench.faults import Options
+from quotaledger.adapters.bench.fault_records import RawRecord
 from quotaledger.adapters.bench.tansu import Tansu, free_port
 from quotaledger.adapters.ledgers.kafka.ledger import CLOSE_FLUSH_S, KafkaLedger
 from quotaledger.adapters.ledgers.kafka.walk import gap_filler
@@ -510,7 +511,7 @@ def test_the_audit_verdict_is_checked() -> None:
 # ------------------------------------------------------------------ trials
 
 
-def run(backend: str, seeds: Sequence[int], **options: Any) -> list[bench_faults.TrialResult]:
+def run(backend: str, seeds: Sequence[int], **options: Any) -> list[TrialResult]:
     merged: dict[str, Any] = {"backend": backend} | CI | options
     return asyncio.run(bench_faults.run_trials(backend, seeds, Options(**merged)))
 
@@ -590,7 +591,7 @@ def test_a_log_of_filled_offsets_is_read(tmp_path: Path) -> None:
         " for 0.0 s while offset 39 was readable: a write the broker lost before acknowledging"
         " it; filling them (gaps=fill)\nother line\n"
     )
-    assert bench_faults.filled([log, tmp_path / "absent.err"]) == [(log, 34, 38)]
+    assert filled([log, tmp_path / "absent.err"]) == [(log, 34, 38)]
 
 
 async def test_an_eviction_post_is_fenced_at_its_last_moment(tmp_path: Path) -> None:
@@ -640,10 +641,10 @@ def test_an_engine_refused_at_start_is_told_from_one_that_failed_later(tmp_path:
         "engine e0-1 waiting for lease quotaledger/quotaledger\n"
         "quotaledger: error: kafka://h/t: cannot connect: KafkaConnectionError\n"
     )
-    assert bench_faults.refused_at_start(2, at_start)
-    assert not bench_faults.refused_at_start(1, at_start)
-    assert not bench_faults.refused_at_start(2, later)
-    assert not bench_faults.refused_at_start(2, tmp_path / "absent.err")
+    assert refused_at_start(2, at_start)
+    assert not refused_at_start(1, at_start)
+    assert not refused_at_start(2, later)
+    assert not refused_at_start(2, tmp_path / "absent.err")
 
 
 async def test_a_link_lost_while_opening_is_a_clear_refusal(

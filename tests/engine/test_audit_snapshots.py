@@ -402,7 +402,7 @@ def test_cli_jobs_on_a_ledger_an_engine_checkpointed(
     """The bench's ledger shape: an engine's snapshots, each followed by its
     LedgerDigest, and LedgerDigests in between (their state hashes are checked
     per segment, the first one of a segment against its snapshot's)."""
-    from quotaledger.adapters.bench.fold import measure_sqlite
+    from quotaledger.adapters.bench.fold_measurements import measure_sqlite
     from quotaledger.adapters.bench.workload import generate
 
     work = generate(quotas=60, pods=600, nodes=8, events=4000, seed=3)
