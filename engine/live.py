@@ -101,6 +101,10 @@ class LiveEngine:
 
     elect_backoff_s: float = 0.05
     elect_backoff_max_s: float = 2.0
+    #: Claims are made only while holding a Lease (DESIGN §12): no other engine
+    #: claims meanwhile, so an accepted claim under this name that landed after
+    #: this one's began is this engine's own, appended twice (DECISIONS 303).
+    claims_under_lease: bool = False
     progress_every_s: float = 10.0
     _rng: random.Random = field(default_factory=random.Random)
     _leading: bool = False
@@ -198,14 +202,23 @@ class LiveEngine:
                 delay = min(delay * 2, self.elect_backoff_max_s)
                 continue
             state = self.state
-            if (
-                state.leader_epoch == epoch
-                and state.leader_instance == self.instance
-                and not _rejected(state, offset)
-            ):
-                self.core.epoch = epoch
-                log.info("engine %s leads with epoch %d", self.instance, epoch)
-                return
+            if state.leader_epoch == epoch and state.leader_instance == self.instance:
+                if not _rejected(state, offset):
+                    self.core.epoch = epoch
+                    log.info("engine %s leads with epoch %d", self.instance, epoch)
+                    return
+                if self.claims_under_lease:
+                    # epoch was the newest + 1 when this claim began, so the
+                    # accepted copy landed since: under the Lease, a retried
+                    # append of this very claim (DECISIONS 303)
+                    self.core.epoch = epoch
+                    log.info(
+                        "engine %s leads with epoch %d (its claim was appended twice;"
+                        " the first copy was accepted)",
+                        self.instance,
+                        epoch,
+                    )
+                    return
             self.core.epoch = 0
             if state.leader_instance == self.instance:
                 log.error(

@@ -197,11 +197,13 @@ async def _lead(
             instance=args.instance,
             election=True,
             snapshot_every=args.snapshot_every,
+            claims_under_lease=True,
         )
     else:
         given = engine.ledger
         engine.ledger = gated
         engine.executor = _executor(args, cluster, ledger, may_evict)
+        engine.claims_under_lease = True
     leading.append(engine)
     term_over = asyncio.Event()
     namespace, name = args.settings_configmap.split("/")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import os
 import random
 import subprocess
@@ -239,6 +240,60 @@ async def test_a_claim_that_cannot_be_appended_is_retried_with_backoff(tmp_path:
     assert all(gap >= wait / 2 - 0.002 for gap, wait in zip(gaps, waits, strict=True)), gaps
     claims = [decode_event(r.payload) for r in read_records(path)]
     assert [e for e in claims if isinstance(e, LeaderElected)] == [LeaderElected(1, "A")]
+
+
+class TwiceAppendedClaims:
+    """A ledger on which a ``LeaderElected`` append lands twice and the second copy's
+    offsets are acknowledged: a producer's retry after a lost acknowledgement."""
+
+    def __init__(self, ledger: SqliteLedger) -> None:
+        self.ledger = ledger
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.ledger, name)
+
+    async def append(self, batch: Sequence[Append]) -> list[int]:
+        if any(b'"LeaderElected"' in item.payload for item in batch):
+            await self.ledger.append(batch)
+        return await self.ledger.append(batch)
+
+
+@pytest.mark.parametrize("under_lease", [True, False])
+async def test_a_claim_appended_twice_under_a_lease_leads(
+    tmp_path: Path, under_lease: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first copy of a claim appended twice is accepted, the acknowledged second
+    refused ("not newer"). Under a Lease no other engine claims, so the accepted copy
+    is the engine's own and it leads (DECISIONS 303); without one, the same records
+    are what twins under one name leave, and it decides nothing (as above)."""
+    path = tmp_path / "twice.db"
+    ledger = await SqliteLedger.open(path, poll_interval=0.01)
+    engine = LiveEngine(
+        TwiceAppendedClaims(ledger),  # type: ignore[arg-type]
+        SimulateExecutor(),
+        instance="A",
+        claims_under_lease=under_lease,
+    )
+    try:
+        async with Engines() as runner:
+            runner.start(engine)
+            caplog.set_level(logging.INFO, logger="quotaledger.engine")
+
+            def elected() -> bool:  # elect() has judged its claim
+                return any(
+                    "leads with epoch 1" in r.message or "decides nothing" in r.message
+                    for r in caplog.records
+                )
+
+            await asyncio.wait_for(_until(elected), 30)
+            assert engine.is_leader() is under_lease
+            assert engine.core.epoch == (1 if under_lease else 0)
+    finally:
+        await ledger.close()
+    claims = [
+        (e, ok) for e, ok in accepted_decisions(read_records(path)) if isinstance(e, LeaderElected)
+    ]
+    assert claims == [(LeaderElected(1, "A"), True), (LeaderElected(1, "A"), False)]
 
 
 async def _until(predicate: Any) -> None:
