@@ -17,6 +17,7 @@ import signal
 import time
 
 from quotaledger.engine.core import timers
+from quotaledger.events.ledger import LedgerError
 
 from ..ledgers.url import open_ledger
 from .fault_cluster import Scenario, apply_event, draw_scenario, now_ms
@@ -90,13 +91,7 @@ class Trial(TrialState):
         self.server.error_share = scenario.eviction_error
         self.server.retry_after = scenario.retry_after
         self.server.on_evicted = self.cluster.evicted
-        ledger = await open_ledger(
-            str(self.path)
-            if self.env.backend == "sqlite"
-            else f"kafka://{self.bootstrap}/{self.topic}",
-            create=True,
-        )
-        await ledger.close()
+        await self._create_ledger()
         if self.env.backend == "kafka":  # only now: a fetch of a missing topic creates it
             self.tap_task = self.group.create_task(self.tap.follow())
         engines = rng.choice([2, 2, 3])
@@ -135,6 +130,30 @@ class Trial(TrialState):
             await check(self, settled)
         else:  # what the logs say is checked all the same
             await check_logs(self, None)
+
+    async def _create_ledger(self) -> None:
+        """Create the trial's ledger. A shared broker another trial beside this one is
+        restarting (``--parallel``) cannot be reached for a moment: wait for it (up to
+        30 s) as the engines do, rather than report the trial as a harness error."""
+        url = (
+            str(self.path)
+            if self.env.backend == "sqlite"
+            else f"kafka://{self.bootstrap}/{self.topic}"
+        )
+        deadline = time.monotonic() + 30.0
+        while True:
+            if self.broker is not None:
+                async with self.broker.lock:  # not while a restart holds it down
+                    pass
+            try:
+                ledger = await open_ledger(url, create=True)
+            except LedgerError as exc:
+                if "cannot connect" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+                continue
+            await ledger.close()
+            return
 
     async def _add_slot(self, index: int, scenario: Scenario, gaps: str) -> None:
         proxy = await FaultProxy(
