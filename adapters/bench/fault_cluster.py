@@ -20,6 +20,7 @@ from aiohttp import web
 from .fault_checks import EvictionPost
 from .fault_records import decode_json
 from .standin import ApiServer
+from .standin_store import status_answer
 
 LEASE = ("coordination.k8s.io", "leases", "quotaledger", "quotaledger")
 NAMESPACE = "team"
@@ -123,16 +124,7 @@ class FaultApiServer(ApiServer):
         reason = {404: "NotFound", 409: "Conflict", 429: "TooManyRequests"}.get(
             status, "InternalError"
         )
-        document = {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": message,
-            "reason": reason,
-            "code": status,
-        }
-        return web.json_response(document, status=status, headers=headers)
+        return status_answer(status, reason, message, **headers)
 
     def holder(self) -> str | None:
         lease = self.get(LEASE[1], LEASE[3], LEASE[2], group=LEASE[0])
