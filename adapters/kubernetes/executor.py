@@ -16,9 +16,10 @@ For one accepted eviction:
 * ``403`` and every other answer: ``EvictionFailed`` at once, with the server's message;
 * before every POST, ``may_evict()`` must hold (on a cluster: this replica holds the Lease
   and its engine the newest epoch, DESIGN §12), and again at the last moment: once the
-  request has its connection, right before its bytes are written (an aiohttp trace hook on
-  the client's session, :func:`fence_evictions`), since a replica paused while it opened a
-  connection (SIGSTOP, a GC pause) would otherwise send a POST checked seconds earlier. A
+  request has its connection, and right before its bytes are written (aiohttp trace hooks on
+  the client's session, :func:`fence_evictions`; DECISIONS 304), since a replica paused while
+  it opened a connection or between the two (SIGSTOP, a GC pause) would otherwise send a POST
+  checked seconds earlier. A
   replica that lost them sends nothing more and appends no outcome: the eviction stays
   outstanding for the new leader.
 
@@ -105,8 +106,22 @@ def _trace(fence: _Fence) -> aiohttp.TraceConfig:
     config.on_request_start.append(started)
     config.on_connection_reuseconn.append(connected)
     config.on_connection_create_end.append(connected)
+    # aiohttp holds the request line and headers back and writes them with the body,
+    # from a task of its own that runs a loop turn (or a pause) later; this hook runs
+    # in that task right before the bytes go to the socket, nothing awaited between
+    config.on_request_chunk_sent.append(connected)
     config.freeze()
     return config
+
+
+def _fenced(exc: BaseException) -> bool:
+    """Did a fence stop this request (an :class:`EvictionFenced` in its causes)?"""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, EvictionFenced):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def server_message(exc: ApiException) -> str:
@@ -183,6 +198,10 @@ class KubernetesExecutor:
                 delay = retry_after_s(exc)
                 failed = await self._wait_to_retry(delay, backoff, deadline, message)
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                if _fenced(exc):  # the fence of the body's write, reported as a failed send
+                    log.info("not evicting %s: no longer the leader", eviction.eviction_id)
+                    await asyncio.sleep(self.poll_s)
+                    return []
                 failed = await self._wait_to_retry(None, backoff, deadline, f"network: {exc}")
             else:
                 return await self._await_removal(eviction, state, deadline)

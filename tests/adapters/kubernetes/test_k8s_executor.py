@@ -187,3 +187,28 @@ async def test_deadline_counts_from_the_request_record_not_the_restart(tmp_path:
         # tries at +2 s and +3.5 s; a third (+5 s) would pass the request's ts + 4 s
         assert 1 <= len(r.server.eviction_posts) <= 2
         assert isinstance((await outcome_events(r))[0], EvictionFailed)
+
+
+async def test_a_leadership_lost_before_the_body_is_written_sends_nothing(tmp_path: Path) -> None:
+    """aiohttp writes an eviction's request line, headers and body from a task of its
+    own, a loop turn after the request got its connection: a replica paused there
+    (SIGSTOP past its Lease) would send a POST checked before the pause. The fence is
+    checked again right before the bytes are written (DECISIONS 304): here leadership
+    holds for the executor's check and the connection's, and is gone at the write."""
+    async with rig(tmp_path) as r:
+        await seed(r)
+        checks: list[bool] = []
+
+        def may_evict() -> bool:
+            checks.append(len(checks) < 2)  # the loop's check, the connection's; then lost
+            return checks[-1]
+
+        executor = KubernetesExecutor(r.cluster.core, r.ledger, may_evict=may_evict, poll_s=0.01)
+        state = await fold(r.ledger)
+        [run] = state.evictions.values()
+        async with asyncio.timeout(10):  # a POST sent would wait for the pod's removal
+            assert await executor.evict(run, state) == []
+        assert checks == [True, True, False]
+        assert r.server.eviction_posts == []
+        # no eviction request reached the server at all, not even its request line
+        assert not any(call.subresource == "eviction" for call in r.server.calls)
