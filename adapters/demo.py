@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import secrets
@@ -36,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quotaledger.engine.stopping import unless_stopped
 from quotaledger.events.ledger import Append, Ledger
 from quotaledger.events.times import wall_clock_ms
 
@@ -246,11 +246,10 @@ async def run_demo(
                     on_server(running)
 
             async def producer() -> None:
-                task = asyncio.create_task(produce(ledger, clock))
+                # the timeline until the stop (cancelled and waited for then), and
+                # the demo goes on serving what it wrote until the stop
+                await unless_stopped(produce(ledger, clock), stop)
                 await stop.wait()
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
 
             async with asyncio.TaskGroup() as group:
                 group.create_task(producer())
