@@ -147,6 +147,11 @@ def register(commands: Commands) -> None:
         help="decide: only the simulate throughput over the day-long scenario (no latency run)",
     )
     bench.add_argument(
+        "--follow-only",
+        action="store_true",
+        help="decide: only the live engine's follow throughput (no latency run, no simulate)",
+    )
+    bench.add_argument(
         "--rounds",
         type=positive_int,
         default=3,

@@ -34,3 +34,17 @@ def test_bench_decide_json_accounts_for_every_trigger(
     assert report["follow_cpu_seconds"] >= 0
     for key in ("p50_ms", "p99_ms", "decision_p99_ms", "simulate_events_per_s"):
         assert isinstance(report[key], int | float), key
+
+
+def test_bench_decide_follow_only_times_the_follower_alone(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    small = [*("--quotas", "100", "--pods", "2000", "--nodes", "10", "--events", "3000")]
+    assert main(["bench", "decide", "--json", "--follow-only", *small]) == 0
+    report: dict[str, Any] = json.loads(capsys.readouterr().out)
+    assert report["follow_events"] == 3000
+    assert report["follow_events_per_s"] > 0 and report["follow_cpu_seconds"] >= 0
+    assert report["target_follow_events_per_s"] == 50_000
+    assert report["follow_met"] == (report["follow_events_per_s"] >= 50_000)
+    # neither the latency run nor simulate ran
+    assert not {"p99_ms", "triggers", "simulate_events_per_s", "simulate_met"} & report.keys()
