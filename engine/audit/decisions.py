@@ -125,7 +125,10 @@ class Auditor:
         self.source = source
         self.main = start.projection if start is not None else Projection()
         self.begin = self.main.state.offset + 1
-        seed = (start.projection.state.offset, start.blob) if start and start.blob else None
+        seed = None
+        if start is not None and start.blob is not None:
+            at = start.blob_offset
+            seed = (start.projection.state.offset if at is None else at, start.blob)
         self.lagging = LaggingFold(source, self.main.state.offset, seed)
         self.report = AuditReport()
         self.expected: dict[str, _Expected] = {}
