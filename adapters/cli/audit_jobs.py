@@ -16,8 +16,8 @@ where a process starts:
   this process checks the digest chain.
 
 Anything that does not join up (a gap, a snapshot replaced or a ledger grown
-while audited) falls back to one process. Workers are ``spawn`` processes this
-process starts and ends: SIGTERM/SIGINT here terminates them at once (DESIGN
+while audited) falls back to one process. Workers are processes this process
+forks (or spawns) and ends: SIGTERM/SIGINT here terminates them at once (DESIGN
 §9 shutdown), and their progress is summed into this process's progress line.
 """
 
@@ -51,6 +51,9 @@ from ..ledgers.sqlite.ledger import SqliteLedger
 from .common import UserError, progress_for, progress_meter, tune_gc, warn
 
 Progress = Callable[[int], None]
+#: How workers start (DECISIONS 343): forked where the platform can (the parent
+#: has every module imported and no other thread then), else spawned.
+START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 #: A worker's job: picklable by name, called with its arguments and a progress callback.
 Job = Callable[..., Any]
 
@@ -61,6 +64,7 @@ Job = Callable[..., Any]
 def _worker(writer: Connection, counter: Any, slot: int, job: Job, args: tuple[Any, ...]) -> None:
     """The body of one worker process: run ``job`` and send back its result."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops its workers
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (a forked worker had the parent's)
     tune_gc()
 
     def progress(done: int) -> None:
@@ -118,13 +122,13 @@ def run_workers(
     progress: Progress | None = None,
     meanwhile: Callable[[Callable[[], int]], Any] | None = None,
 ) -> tuple[list[Any], Any]:
-    """Run each job in its own ``spawn`` process; ``meanwhile`` runs here while
+    """Run each job in its own process (:data:`START_METHOD`); ``meanwhile`` runs here while
     they do (given a callable that sums the records the workers report done).
     Returns their results in order and ``meanwhile``'s. ``progress`` gets the
     sum of the records the workers report done, four times a second.
     However this ends (an error, SIGTERM), every worker still running is
     terminated before it returns."""
-    context = multiprocessing.get_context("spawn")
+    context: Any = multiprocessing.get_context(START_METHOD)
     counter: Any = context.Array("q", len(jobs), lock=False)
     processes: list[Any] = []
     waiting: dict[Connection, int] = {}
