@@ -282,8 +282,9 @@ def test_plan_cuts_balances_the_spans_between_snapshots() -> None:
     assert cut.snapshot == 400039 and 640_000 < cut.offset < 670_000
     cuts = plan_cuts(bench, 1111111, 3)
     assert len(cuts) == 2 and cuts[0].offset < cuts[1].snapshot <= cuts[1].offset
-    # with a snapshot near the middle, the cut is that snapshot
-    assert plan_cuts([*bench, (600000, 38_600_000)], 1111111, 2) == [Cut(600000, 600000)]
+    # with a snapshot near the balance, the cut is at most a few hundred records after it
+    [cut] = plan_cuts([*bench, (600000, 38_600_000)], 1111111, 2)
+    assert cut.snapshot == 600000 and cut.offset - cut.snapshot < 1000
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
