@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import signal
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -51,9 +52,10 @@ from ..ledgers.sqlite.ledger import SqliteLedger
 from .common import UserError, progress_for, progress_meter, tune_gc, warn
 
 Progress = Callable[[int], None]
-#: How workers start (DECISIONS 343): forked where the platform can (the parent
-#: has every module imported and no other thread then), else spawned.
-START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+#: How workers start (DECISIONS 343): forked on Linux (the parent has every module
+#: imported and no other thread then), spawned elsewhere (macOS's system libraries
+#: are not safe to fork, Windows cannot).
+START_METHOD = "fork" if sys.platform.startswith("linux") else "spawn"
 #: A worker's job: picklable by name, called with its arguments and a progress callback.
 Job = Callable[..., Any]
 
