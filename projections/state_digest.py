@@ -70,7 +70,8 @@ VERSION = b"quotaledger state hash 2\n"
 #: The four large maps, each hashed as a :class:`MapDigest`.
 MAPS = ("nodes", "quotas", "pods", "namespace_weights")
 
-_ENCODE = msgspec.json.Encoder(order="deterministic").encode
+_ENCODER = msgspec.json.Encoder(order="deterministic")
+_ENCODE = _ENCODER.encode
 
 
 # ----------------------------------------------------------------- a large map
@@ -310,16 +311,18 @@ def update(state: ProjectedState, memo: StateDigest) -> None:
     entries = maps["pods"]
     pods, pod_quota = state.pods.get, state.pod_quota.get
     keys_of, digests_of, dirty = entries.keys, entries.digests, entries.dirty
-    encode = _ENCODE
+    encode_into = _ENCODER.encode_into
+    encoded = bytearray()  # one buffer, encoded into for each pod
     for uid in state.hash_pods:  # MapDigest.put and pod_digest, inlined (the hot loop)
         pod = pods(uid)
         if pod is None:
             entries.remove(uid)
             continue
-        encoded = encode(pod)
+        encode_into(pod, encoded)
         quota = pod_quota(uid)
         if quota is not None:
-            encoded += b"\0" + quota.encode()
+            encoded += b"\0"
+            encoded += quota.encode()
         digest = sha256(encoded).digest()
         bucket = crc32(uid.encode()) & _MASK
         keys = keys_of[bucket]

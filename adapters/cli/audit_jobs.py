@@ -16,8 +16,8 @@ where a process starts:
   this process checks the digest chain.
 
 Anything that does not join up (a gap, a snapshot replaced or a ledger grown
-while audited) falls back to one process. Workers are ``spawn`` processes this
-process starts and ends: SIGTERM/SIGINT here terminates them at once (DESIGN
+while audited) falls back to one process. Workers are processes this process
+forks (or spawns) and ends: SIGTERM/SIGINT here terminates them at once (DESIGN
 §9 shutdown), and their progress is summed into this process's progress line.
 """
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import signal
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -39,10 +40,10 @@ from quotaledger.engine.audit.parallel import (
     audit_span,
     merge_segments,
     merge_spans,
-    plan_stops,
     segments,
     with_chain,
 )
+from quotaledger.engine.audit.plan import Cut, plan_cuts
 from quotaledger.events.ledger import LedgerError
 
 from ..ledgers.jsonl import is_jsonl_path
@@ -51,6 +52,10 @@ from ..ledgers.sqlite.ledger import SqliteLedger
 from .common import UserError, progress_for, progress_meter, tune_gc, warn
 
 Progress = Callable[[int], None]
+#: How workers start (DECISIONS 343): forked on Linux (the parent has every module
+#: imported and no other thread then), spawned elsewhere (macOS's system libraries
+#: are not safe to fork, Windows cannot).
+START_METHOD = "fork" if sys.platform.startswith("linux") else "spawn"
 #: A worker's job: picklable by name, called with its arguments and a progress callback.
 Job = Callable[..., Any]
 
@@ -61,6 +66,7 @@ Job = Callable[..., Any]
 def _worker(writer: Connection, counter: Any, slot: int, job: Job, args: tuple[Any, ...]) -> None:
     """The body of one worker process: run ``job`` and send back its result."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops its workers
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (a forked worker had the parent's)
     tune_gc()
 
     def progress(done: int) -> None:
@@ -77,8 +83,8 @@ def _worker(writer: Connection, counter: Any, slot: int, job: Job, args: tuple[A
 
 def span_job(
     path: str,
-    start: int | None,
-    stops: Sequence[int],
+    start: Cut | None,
+    stops: Sequence[Cut],
     end: int,
     digests: Mapping[int, bytes],
     progress: Progress,
@@ -116,14 +122,15 @@ def segment_job(path: str, start: int, end: int, progress: Progress) -> Any:
 def run_workers(
     jobs: Sequence[tuple[Job, tuple[Any, ...]]],
     progress: Progress | None = None,
-    meanwhile: Callable[[], Any] | None = None,
+    meanwhile: Callable[[Callable[[], int]], Any] | None = None,
 ) -> tuple[list[Any], Any]:
-    """Run each job in its own ``spawn`` process; ``meanwhile`` runs here while
-    they do. Returns their results in order and ``meanwhile``'s. ``progress``
-    gets the sum of the records the workers report done, four times a second.
+    """Run each job in its own process (:data:`START_METHOD`); ``meanwhile`` runs here while
+    they do (given a callable that sums the records the workers report done).
+    Returns their results in order and ``meanwhile``'s. ``progress`` gets the
+    sum of the records the workers report done, four times a second.
     However this ends (an error, SIGTERM), every worker still running is
     terminated before it returns."""
-    context = multiprocessing.get_context("spawn")
+    context: Any = multiprocessing.get_context(START_METHOD)
     counter: Any = context.Array("q", len(jobs), lock=False)
     processes: list[Any] = []
     waiting: dict[Connection, int] = {}
@@ -137,7 +144,7 @@ def run_workers(
             writer.close()
             processes.append(process)
             waiting[reader] = slot
-        extra = meanwhile() if meanwhile is not None else None
+        extra = meanwhile(lambda: sum(counter)) if meanwhile is not None else None
         outcomes: list[tuple[str, Any]] = [("error", "no result")] * len(jobs)
         while waiting:
             for ready in wait(list(waiting), timeout=0.25):
@@ -210,9 +217,9 @@ def audit_parallel(path: Path, jobs: int, digests: dict[int, bytes]) -> AuditRep
     except LedgerError as exc:  # snapshots are a cache: audit without them
         warn(f"{exc}; auditing without snapshots")
         sizes = []
-    stops = plan_stops(sizes, last_offset, jobs)
-    if stops:
-        report = _audit_spans(path, stops, last_offset, digests)
+    cuts = plan_cuts(sizes, last_offset, jobs)
+    if cuts:
+        report = _audit_spans(path, cuts, last_offset, digests)
         if report is not None:
             return report
         return single()
@@ -220,7 +227,7 @@ def audit_parallel(path: Path, jobs: int, digests: dict[int, bytes]) -> AuditRep
     work = [(segment_job, (str(path), a, b)) for a, b in ranges]
     results, chained = run_workers(
         work,
-        meanwhile=lambda: with_record_source(
+        meanwhile=lambda _workers_done: with_record_source(
             path, lambda source: chain_pass(source, digests), progress_meter("audit")
         ),
     )
@@ -236,17 +243,34 @@ def audit_parallel(path: Path, jobs: int, digests: dict[int, bytes]) -> AuditRep
 
 def _audit_spans(
     path: Path,
-    stops: list[int],
+    cuts: list[Cut],
     last_offset: int,
     digests: dict[int, bytes],
 ) -> AuditReport | None:
-    """The snapshot-segmented audit; None when it must be done in one process."""
-    starts: list[int | None] = [None, *stops]
-    work = [(span_job, (str(path), start, stops, last_offset, digests)) for start in starts]
+    """The snapshot-segmented audit; None when it must be done in one process.
+    The span at offset 0 is audited here, each other in a worker process
+    (DECISIONS 340: the plan counts a worker's start in its span's cost)."""
+    work = [(span_job, (str(path), cut, cuts, last_offset, digests)) for cut in cuts]
     progress = progress_for("audit", last_offset + 1, None)
-    try:
+    mine = [0]  # records this process has audited
+
+    def show(workers: int) -> None:
         # (a span discarded after a rejected snapshot counts too: capped at the total)
-        results, _ = run_workers(work, lambda done: progress(min(done, last_offset + 1)))
+        progress(min(mine[0] + workers, last_offset + 1))
+
+    def first_span(workers_done: Callable[[], int]) -> Any:
+        def done(count: int) -> None:
+            mine[0] = count
+            show(workers_done())
+
+        try:
+            return span_job(str(path), None, cuts, last_offset, digests, done)
+        except (LedgerError, UserError, ValueError) as exc:
+            raise LedgerError(f"audit --jobs: {exc}") from None
+
+    try:
+        others, first = run_workers(work, show, meanwhile=first_span)
+        results = [first, *others]
     except LedgerError as exc:
         warn(f"{exc}; auditing in one process instead")
         return None

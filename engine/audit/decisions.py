@@ -125,7 +125,10 @@ class Auditor:
         self.source = source
         self.main = start.projection if start is not None else Projection()
         self.begin = self.main.state.offset + 1
-        seed = (start.projection.state.offset, start.blob) if start and start.blob else None
+        seed = None
+        if start is not None and start.blob is not None:
+            at = start.blob_offset
+            seed = (start.projection.state.offset if at is None else at, start.blob)
         self.lagging = LaggingFold(source, self.main.state.offset, seed)
         self.report = AuditReport()
         self.expected: dict[str, _Expected] = {}
@@ -192,8 +195,14 @@ class Auditor:
             event: Event | None = decode_event(record.payload)
         except EventError:
             event = None
-        finding: Finding | None = None
         kind = type(event)
+        state = self.main.state
+        if kind is PodUpserted and not state.evicting_pods and not state.evictions:
+            # the usual record: a fact no eviction waits on (``settling`` is None)
+            self.main.apply(record.offset, record.ts, event)  # type: ignore[arg-type]
+            self.lagging.push(record)
+            return
+        finding: Finding | None = None
         # a pod (most records) is none of AUDITED: no isinstance walk for it
         if event is not None and kind is not PodUpserted and isinstance(event, AUDITED):
             finding = self._explain(record, event)

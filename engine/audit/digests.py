@@ -50,9 +50,10 @@ class DigestAudit:
 
     def feed(self, record: Record) -> None:
         self.chain.update(record)
-        wanted = self.given.pop(record.offset, None)
-        if wanted is not None:
-            self.checks.append(self._check(record.offset, wanted, None))
+        if self.given:
+            wanted = self.given.pop(record.offset, None)
+            if wanted is not None:
+                self.checks.append(self._check(record.offset, wanted, None))
 
     def feed_alone(self, record: Record) -> None:
         """:meth:`feed`, and check the record if it is a ``LedgerDigest`` (the

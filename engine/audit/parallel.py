@@ -29,13 +29,14 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from quotaledger.events.digest import parse_digest
-from quotaledger.events.ledger import LedgerError, RecordSource, Snapshot
+from quotaledger.events.digest import DigestChain, parse_digest
+from quotaledger.events.ledger import LedgerError, LedgerGap, RecordSource, Snapshot
 from quotaledger.projections import Projection, state_hash
 from quotaledger.projections.snapshot import dump, load
 
 from .decisions import Auditor
 from .findings import AuditReport, Finding, Problem
+from .plan import Cut
 from .start import SegmentStart, fold_before
 
 
@@ -122,8 +123,8 @@ SnapshotAt = Callable[[int], Snapshot | None]
 
 @dataclass(frozen=True, slots=True)
 class SnapshotMark:
-    """A segment boundary: the snapshot at ``offset`` as one process read it (the
-    digest and state hash it stores, the SHA-256 of its blob)."""
+    """A snapshot as one process read it (the digest and state hash it stores,
+    the SHA-256 of its blob)."""
 
     offset: int
     digest: str
@@ -131,22 +132,36 @@ class SnapshotMark:
     blob_sha256: str
 
 
+@dataclass(frozen=True, slots=True)
+class Handover:
+    """Where one span hands over to the next (DECISIONS 340): the snapshot the
+    next span started from, and the offset ``cut`` (at or after it) through
+    which the records were folded onto it, with the digest ``d(cut)`` and the
+    state hash there. The span before reports the one it reproduced, the span
+    after the one it started from; they must be equal."""
+
+    snapshot: SnapshotMark
+    cut: int
+    digest: str
+    state_hash: str
+
+
 @dataclass(slots=True)
 class SpanResult:
     """What one process of a snapshot-segmented audit found (:func:`audit_span`).
 
-    ``start_mark``: the snapshot it started from (None: offset 0, or
-    ``start_problem`` says why the snapshot could not be used). ``accepted``:
-    the snapshot at ``end`` whose state, digest and blob this span reproduced
-    (None: it ran to the last offset). ``rejected``: boundaries it did not
-    reproduce, and why; it went on auditing past each of them.
+    ``start_mark``: where it started (None: offset 0, or ``start_problem`` says
+    why the snapshot could not be used). ``accepted``: the handover whose
+    snapshot this span reproduced, at its cut (None: it ran to the last
+    offset). ``rejected``: snapshots it did not reproduce, and why; it went on
+    auditing past each of them.
     """
 
     start: int
     end: int
-    start_mark: SnapshotMark | None
+    start_mark: Handover | None
     start_problem: str | None
-    accepted: SnapshotMark | None
+    accepted: Handover | None
     rejected: list[tuple[int, str]]
     report: AuditReport
     hash_problems: list[tuple[int, Problem]]
@@ -181,6 +196,34 @@ def _snapshot_start(snapshot: Snapshot | None, offset: int) -> tuple[SegmentStar
     return start, mark
 
 
+def _cut_start(
+    source: RecordSource, snapshot: Snapshot | None, cut: Cut
+) -> tuple[SegmentStart, Handover]:
+    """The start of a segment at ``cut.offset``: the snapshot at ``cut.snapshot``
+    with the records after it up to the cut folded onto it, and the digest chain
+    carried from the snapshot's digest (DECISIONS 340). Nothing is audited here:
+    the segment before audits those records, and checks the snapshot."""
+    start, mark = _snapshot_start(snapshot, cut.snapshot)
+    if cut.offset == cut.snapshot:
+        return start, Handover(mark, cut.offset, mark.digest, mark.state_hash)
+    assert start.digest is not None
+    chain = DigestChain(start.digest, cut.snapshot)
+    apply_record = start.projection.apply_record
+    try:
+        for record in source(cut.snapshot + 1):
+            if record.offset > cut.offset:
+                break
+            chain.update(record)
+            apply_record(record)
+    except LedgerGap as exc:
+        raise ValueError(str(exc)) from None
+    if chain.through != cut.offset:
+        raise ValueError(f"the records end at offset {chain.through}, before {cut.offset}")
+    hashed = state_hash(start.projection.state)
+    start.blob_offset, start.digest, start.state_hash = cut.snapshot, chain.digest, hashed
+    return start, Handover(mark, cut.offset, chain.hex, hashed)
+
+
 def _reproduces(auditor: Auditor, snapshot: Snapshot | None, offset: int) -> SnapshotMark | str:
     """Does the state the records give at ``offset`` (the auditor has just fed it)
     equal the snapshot there? Its mark when it does, else why not: the digest
@@ -209,40 +252,48 @@ def _reproduces(auditor: Auditor, snapshot: Snapshot | None, offset: int) -> Sna
 def audit_span(
     source: RecordSource,
     snapshot_at: SnapshotAt,
-    start: int | None,
-    stops: Sequence[int],
+    start: Cut | None,
+    stops: Sequence[Cut],
     end: int,
     *,
     digests: Mapping[int, bytes] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> SpanResult:
-    """Audit from offset 0 (``start`` None) or from the snapshot at ``start`` up
-    to the first of ``stops`` whose snapshot this span reproduces, else to
-    ``end`` (DESIGN §9: every record re-derived by some process, nothing
-    trusted; DECISIONS 160).
+    """Audit from offset 0 (``start`` None) or from the cut ``start`` (the snapshot
+    there, the records up to the cut folded onto it) up to the first of
+    ``stops`` whose snapshot this span reproduces, else to ``end`` (DESIGN §9:
+    every record re-derived by some process, nothing trusted; DECISIONS 160,
+    340).
 
-    The start snapshot is a hypothesis: the span before checks it. At each stop
-    the state, digest and persisted state the records give are compared with
-    the snapshot there (:func:`_reproduces`): equal, the span ends and the next
-    one takes over; different, the snapshot is rejected and this span audits
-    on from its own, verified state. ``progress`` gets the records done so far.
+    The start is a hypothesis: the span before checks it. At each stop's
+    snapshot the state, digest and persisted state the records give are
+    compared with it (:func:`_reproduces`): equal, the span audits on to the
+    stop's cut, ends there and the next one takes over; different, the
+    snapshot is rejected and this span audits on from its own, verified state.
+    ``progress`` gets the records done so far.
     """
-    begin = 0 if start is None else start + 1
+    begin = 0 if start is None else start.offset + 1
     given = {offset: d for offset, d in (digests or {}).items() if offset >= begin}
     prefix: SegmentStart | None = None
-    start_mark: SnapshotMark | None = None
+    start_mark: Handover | None = None
     if start is not None:
         try:
-            prefix, start_mark = _snapshot_start(snapshot_at(start), start)
+            prefix, start_mark = _cut_start(source, snapshot_at(start.snapshot), start)
         except (ValueError, LedgerError) as exc:
-            return SpanResult(begin, start, None, str(exc), None, [], AuditReport(), [])
+            return SpanResult(begin, start.offset, None, str(exc), None, [], AuditReport(), [])
     auditor = Auditor(source, digests=given, start=prefix)
-    pending = sorted(offset for offset in stops if begin <= offset < end)
-    accepted: SnapshotMark | None = None
+    pending = sorted(
+        (cut for cut in stops if begin <= cut.snapshot <= cut.offset < end),
+        key=lambda cut: cut.snapshot,
+    )
+    checking = pending[0].snapshot if pending else -1
+    verified: tuple[Cut, SnapshotMark] | None = None
+    accepted: Handover | None = None
     rejected: list[tuple[int, str]] = []
     done = 0
     for record in source(begin):
-        if record.offset > end:
+        offset = record.offset
+        if offset > end:
             break
         auditor.feed(record)
         if auditor.stopped:
@@ -250,18 +301,28 @@ def audit_span(
         done += 1
         if progress is not None and done % 1000 == 0:
             progress(done)
-        if pending and record.offset == pending[0]:
-            stop = pending.pop(0)
+        if offset == checking:
+            cut = pending.pop(0)
+            checking = pending[0].snapshot if pending and verified is None else -1
             try:
-                snapshot = snapshot_at(stop)
+                snapshot = snapshot_at(cut.snapshot)
             except LedgerError as exc:
-                rejected.append((stop, f"it cannot be read ({exc})"))
+                rejected.append((cut.snapshot, f"it cannot be read ({exc})"))
                 continue
-            verdict = _reproduces(auditor, snapshot, stop)
-            if isinstance(verdict, SnapshotMark):
-                accepted = verdict
-                break
-            rejected.append((stop, verdict))
+            verdict = _reproduces(auditor, snapshot, offset)
+            if isinstance(verdict, str):
+                rejected.append((cut.snapshot, verdict))
+                continue
+            verified = (cut, verdict)
+            checking = -1
+        if verified is not None and offset == verified[0].offset:
+            assert auditor.chain is not None
+            mark = verified[1]
+            hashed = mark.state_hash
+            if offset != mark.offset:
+                hashed = state_hash(auditor.main.state)
+            accepted = Handover(mark, offset, auditor.chain.chain.hex, hashed)
+            break
     if progress is not None:
         progress(done)
     if accepted is not None and auditor.chain is not None:
@@ -271,38 +332,6 @@ def audit_span(
     return SpanResult(
         begin, last, start_mark, None, accepted, rejected, report, auditor.hash_problems
     )
-
-
-def plan_stops(snapshots: Sequence[tuple[int, int]], last_offset: int, jobs: int) -> list[int]:
-    """Segment boundaries for ``jobs`` processes among the ``(offset, size)`` of
-    the ledger's snapshots: for each even split of the work, the snapshot where
-    the work done so far is nearest to it (ties: the earlier; one at
-    ``last_offset`` is of no use, a segment starts after its snapshot).
-
-    The work of a record grows with the state it is folded into (folding,
-    and the settle and state hash of each ``LedgerDigest``, whose cost follows
-    what changed: DECISIONS 230), and a snapshot's size measures that state:
-    records between two snapshots weigh the mean of their sizes, records
-    before the first half of its size (the state grows from empty), records
-    after the last its size. Measured on the bench ledger with the kept hash
-    (DECISIONS 236), this still puts the cut where the two spans' CPU times
-    are nearest.
-    """
-    usable = sorted({(o, size) for o, size in snapshots if 0 <= o < last_offset})
-    if not usable:
-        return []
-    work: list[tuple[int, float]] = []  # (offset, work of records 0..offset)
-    done, previous, previous_size = 0.0, -1, 0
-    for offset, size in usable:
-        done += (offset - previous) * (previous_size + size) / 2
-        work.append((offset, done))
-        previous, previous_size = offset, size
-    total = done + (last_offset - previous) * previous_size
-    stops: set[int] = set()
-    for k in range(1, jobs):
-        target = total * k / jobs
-        stops.add(min(work, key=lambda item: (abs(item[1] - target), item[0]))[0])
-    return sorted(stops)
 
 
 def merge_spans(
@@ -333,10 +362,10 @@ def merge_spans(
         mark = current.accepted
         if mark is None:
             break
-        current = by_start.get(mark.offset + 1)
+        current = by_start.get(mark.cut + 1)
         if current is None or current.start_mark != mark:
             raise SegmentMismatch(
-                f"the segment after offset {mark.offset} did not start from the snapshot"
+                f"the segment after offset {mark.cut} did not start from the snapshot"
                 " the segment before it verified"
             )
     if not chosen or chosen[-1].end != last_offset:

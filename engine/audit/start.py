@@ -58,6 +58,9 @@ class SegmentStart:
     blob: bytes | None = None
     digest: bytes | None = None
     state_hash: str | None = None
+    #: The offset of ``blob``'s state when the records after it up to the
+    #: segment's start were folded onto it (None: the projection's offset).
+    blob_offset: int | None = None
     #: The ids of the preemptions the projection accepted before the segment,
     #: and the offset where each eviction of a preemption not finished then got
     #: its outcome (None: not known, a start from a snapshot).

@@ -27,9 +27,9 @@ from quotaledger.engine.audit.parallel import (
     audit_span,
     merge_segments,
     merge_spans,
-    plan_stops,
     with_chain,
 )
+from quotaledger.engine.audit.plan import Cut, plan_cuts
 from quotaledger.events.digest import DigestChain
 from quotaledger.events.ledger import Record, Snapshot
 from quotaledger.events.model import LedgerOpened, NodeUpserted
@@ -133,18 +133,20 @@ def one_process(records: Sequence[Record], digests: dict[int, bytes] | None = No
 def in_spans(
     records: Sequence[Record],
     snapshots: dict[int, Snapshot],
-    stops: Sequence[int],
+    stops: Sequence[int | Cut],
     digests: dict[int, bytes] | None = None,
 ) -> tuple[AuditReport, list[str]]:
-    """What ``audit --jobs`` does, each span run here in turn instead of in a process."""
+    """What ``audit --jobs`` does, each span run here in turn instead of in a
+    process; a stop given as an offset is a cut at its snapshot itself."""
 
     def source(start: int) -> Sequence[Record]:
         return records[start:]
 
     last = records[-1].offset
+    cuts = [stop if isinstance(stop, Cut) else Cut(stop, stop) for stop in stops]
     results = [
-        audit_span(source, snapshots.get, start, stops, last, digests=digests)
-        for start in [None, *stops]
+        audit_span(source, snapshots.get, start, cuts, last, digests=digests)
+        for start in [None, *cuts]
     ]
     warnings: list[str] = []
     report, clean, problems = merge_spans(results, last, warnings.append)
@@ -256,21 +258,72 @@ def test_a_forged_snapshot_is_named_and_the_segment_audited_again() -> None:
     assert len(warnings) == 1 and "leaves out" in warnings[0]
 
 
-def test_plan_stops_splits_the_work_at_the_nearest_snapshots() -> None:
+def test_plan_cuts_balances_the_spans_between_snapshots() -> None:
+    """DECISIONS 340: a cut may fall after its snapshot, where the span before
+    (auditing) and the span after (loading the snapshot, folding to the cut,
+    auditing on) cost the same by the model; a small ledger is cut at the
+    snapshots nearest to an even split of the records."""
     same_size = [(10, 1), (45, 1), (52, 1), (100, 1)]
-    assert plan_stops([], 100, 2) == []
-    assert plan_stops(same_size, 100, 2) == [52]  # half of 95.5 is 47.75: 52 is nearest
-    assert plan_stops(same_size, 100, 1) == []
-    assert plan_stops([(5, 1), (30, 1), (60, 1), (99, 1)], 99, 4) == [30, 60]  # 99: no use
-    assert plan_stops([(-1, 1), (200, 1)], 100, 2) == []
-    # the bench's shape: the state grows while the pods arrive, then stays; the split
-    # is later than the even split of the records (550), where the work is halved
+    assert plan_cuts([], 100, 2) == []
+    assert plan_cuts(same_size, 100, 2) == [Cut(52, 52)]  # records 0..52 are 53 of 101
+    assert plan_cuts(same_size, 100, 1) == []
+    assert plan_cuts([(5, 1), (30, 1), (60, 1), (99, 1)], 99, 4) == [Cut(30, 30), Cut(60, 60)]
+    assert plan_cuts([(-1, 1), (200, 1)], 100, 2) == []
+    # the bench ledger's snapshots (the engine thinned the old ones)
     bench = [
-        (offset, 17 if offset == 50 else 36 if offset == 100 else 38)
-        for offset in range(50, 1101, 50)
+        (200019, 39461005),
+        (400039, 38686687),
+        (700069, 38572387),
+        (950094, 38572852),
+        (1050104, 38569369),
+        (1100109, 38568414),
     ]
-    assert plan_stops(bench, 1111, 2) == [600]
-    assert plan_stops(bench, 1111, 3) == [400, 750]
+    [cut] = plan_cuts(bench, 1111111, 2)
+    assert cut.snapshot == 400039 and 640_000 < cut.offset < 670_000
+    cuts = plan_cuts(bench, 1111111, 3)
+    assert len(cuts) == 2 and cuts[0].offset < cuts[1].snapshot <= cuts[1].offset
+    # with a snapshot near the balance, the cut is at most a few hundred records after it
+    [cut] = plan_cuts([*bench, (600000, 38_600_000)], 1111111, 2)
+    assert cut.snapshot == 600000 and cut.offset - cut.snapshot < 1000
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    example=st.sampled_from(EXAMPLES),
+    cuts=st.lists(st.tuples(st.floats(0.0, 0.999), st.floats(0.0, 0.5)), min_size=1, max_size=3),
+    record_cut=st.none() | st.floats(0.0, 0.999),
+    forge=st.none() | st.tuples(st.integers(0, 2), st.sampled_from(["pod", "time", "digest"])),
+)
+def test_cuts_after_their_snapshots_equal_one_process(
+    example: str,
+    cuts: list[tuple[float, float]],
+    record_cut: float | None,
+    forge: tuple[int, str] | None,
+) -> None:
+    """Property (DECISIONS 340): spans that fold from their snapshot to a cut
+    after it give the one-process report, whatever record is changed and
+    whatever snapshot is forged; a forged snapshot is named."""
+    records = list(simulated_records(example))
+    last = records[-1].offset
+    plan: list[Cut] = []
+    for at, fold in sorted(cuts):
+        snapshot = max(int(at * last), plan[-1].offset + 1 if plan else 0)
+        offset = min(snapshot + int(fold * last), last - 1)
+        if snapshot <= offset:
+            plan.append(Cut(snapshot, offset))
+    if not plan:
+        return
+    snapshots = snapshots_at(records, [cut.snapshot for cut in plan])
+    if record_cut is not None:
+        records = tampered(records, 1 + int(record_cut * last))
+    bad: int | None = None
+    if forge is not None:
+        bad = plan[forge[0] % len(plan)].snapshot
+        snapshots[bad] = forged(snapshots[bad], forge[1])
+    report, warnings = in_spans(records, snapshots, plan)
+    same(report, one_process(records))
+    if bad is not None:
+        assert any(f"snapshot at offset {bad} " in w for w in warnings)
 
 
 # ------------------------------------------- what the single pass carries across records

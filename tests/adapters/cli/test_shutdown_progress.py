@@ -282,7 +282,8 @@ def test_parallel_audit_logs_progress_and_stops_its_workers_on_sigterm(
     finally:
         if process.poll() is None and not workers:
             process.kill()
-    assert len(workers) >= 2, workers  # the two segments (and multiprocessing's tracker)
+    # the second span's worker (the parent audits the first, DECISIONS 341)
+    assert len(workers) >= 1, workers
     code = _stop_in_the_middle(process, lines, PROGRESS, signal.SIGTERM)  # asserts the bounds
     err = lines.text()
     assert code == 143, err
