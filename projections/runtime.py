@@ -15,7 +15,6 @@ from collections.abc import Collection, Mapping
 
 from .columns import QuotaColumns
 from .request import terms_for
-from .resources import water_fill_ordered
 from .state import ProjectedState, QuotaNode
 
 #: Per resource, what a group's fill reads of its children's configurations:
@@ -107,29 +106,7 @@ def distribute(
             # the water-fill caps each borrower at its limited request (step 3)
             runtime = wants
         else:
-            runtime = list(wants)
-            borrowers: list[int] = []
-            starts: list[int] = []
-            caps: list[int] = []
-            weights: list[int] = []
-            pool = amount
-            for i in range(count):
-                eff = mins[i]
-                want = wants[i]
-                if want > eff:
-                    borrowers.append(i)
-                    starts.append(eff)
-                    caps.append(want)
-                    weight = weight_list[i]
-                    weights.append(amount if weight is None else weight)
-                    runtime[i] = eff
-                    pool -= eff
-                else:
-                    pool -= want
-            if borrowers and pool > 0:
-                filled = water_fill_ordered(pool, starts, caps, weights)
-                for i, value in zip(borrowers, filled, strict=True):
-                    runtime[i] = value
+            runtime = water_filled(amount, wants, mins, weight_list)
         # every value is ≤ a limited request or a min already stored: no widening
         runtime_col, effective_col = columns.runtime, columns.effective_min
         for i in range(count):
@@ -147,3 +124,75 @@ def distribute(
             if effective_col[row] != value:
                 effective_col[row] = value
     return changed
+
+
+def water_filled(
+    amount: int, wants: list[int], mins: list[int], weight_list: list[int | None]
+) -> list[int]:
+    """Steps 2-3 of the fill for one resource (DESIGN §5 "Runtime"): each
+    child's runtime, from its limited request, its effective min and its
+    configured weight (None: the amount). What ``water_fill_ordered`` gives
+    the borrowers (tests/projections/test_water_fill.py pins it against the
+    rule), fused with picking them: a borrower starts at its effective min,
+    the pool is what is left, and the weighted borrowers are filled by
+    rounds of largest-remainder splits (ties to the smaller position, i.e.
+    name) until the pool is spent or all are capped at their requests."""
+    runtime = list(wants)
+    pool = amount
+    active: list[int] = []
+    weights: list[int] = []
+    need = 0
+    for i, want in enumerate(wants):
+        eff = mins[i]
+        if want > eff:
+            runtime[i] = eff
+            pool -= eff
+            weight = weight_list[i]
+            if weight is None:
+                weight = amount
+            if weight > 0:
+                active.append(i)
+                weights.append(weight)
+                need += want - eff
+        else:
+            pool -= want
+    if pool <= 0 or not active:
+        return runtime
+    if pool >= need:
+        for i in active:
+            runtime[i] = wants[i]
+        return runtime
+    while True:
+        total_weight = 0
+        for weight in weights:
+            total_weight += weight
+        given = 0
+        shares: list[int] = []
+        remainders: list[tuple[int, int]] = []
+        for j, weight in enumerate(weights):
+            share, remainder = divmod(weight * pool, total_weight)
+            if remainder:
+                remainders.append((-remainder, j))
+            shares.append(share)
+            given += share
+        leftover = pool - given
+        if leftover:
+            remainders.sort()
+            for _, j in remainders[:leftover]:
+                shares[j] += 1
+        excess = 0
+        still: list[int] = []
+        still_weights: list[int] = []
+        for j, i in enumerate(active):
+            grown = runtime[i] + shares[j]
+            cap = wants[i]
+            if grown >= cap:
+                excess += grown - cap
+                runtime[i] = cap
+            else:
+                runtime[i] = grown
+                still.append(i)
+                still_weights.append(weights[j])
+        if excess <= 0 or not still:
+            return runtime
+        pool, active, weights = excess, still, still_weights

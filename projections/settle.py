@@ -244,6 +244,10 @@ def _refill(state: ProjectedState, moves: _Moves | None = None) -> None:
     for name in whole:
         groups.pop(name, None)
     touched = state.touched
+    index = state.owing_index
+    track = index.changed if isinstance(index, ChangedQuotas) and not index.everything else None
+    by_key = state.columns.columns
+    amounts_before = moves.amounts
     while heap:
         _, name = heapq.heappop(heap)
         if name in done:
@@ -261,7 +265,7 @@ def _refill(state: ProjectedState, moves: _Moves | None = None) -> None:
             node = quotas[name]
             if not node.config.is_parent:
                 continue
-            total = node.row
+            total = row = node.row
             if fill is None:
                 fill = groups[name] = GroupFill(state.columns, _children(state, name))
         children = fill.children
@@ -272,22 +276,32 @@ def _refill(state: ProjectedState, moves: _Moves | None = None) -> None:
         if name not in whole:
             keys = partial[name]
             if name != ROOT:
-                keys = {key for key in keys if not _fits(state, moves, node, fill, key, changed)}
+                # a parent short of what its children ask is filled (the
+                # first test of ``_fits``, taken here without the call)
+                keys = {
+                    key
+                    for key in keys
+                    if by_key[key].runtime[row] < by_key[key].request[row]
+                    or not _fits(state, moves, node, fill, key, changed)
+                }
         if keys is None or keys:
             moved = distribute(state, total, children, min_scaling, keys, fill)
             for child, before in zip(children, moved, strict=True):
                 if before:
                     changed.append((child, before))
-        if changed:
-            _changed(state, (child.config.name for child, _ in changed))
         for child, before in changed:
             child_name = child.config.name
             touched.add(child_name)
+            if track is not None:
+                track.add(child_name)
             if child.config.is_parent:
                 partial.setdefault(child_name, set()).update(before)
-                amounts = moves.amounts.setdefault(child_name, {})
-                for key, value in before.items():
-                    amounts.setdefault(key, value)
+                amounts = amounts_before.get(child_name)
+                if amounts is None:
+                    amounts_before[child_name] = dict(before)
+                else:
+                    for key, value in before.items():
+                        amounts.setdefault(key, value)
                 heapq.heappush(heap, (child.depth, child_name))
 
 
