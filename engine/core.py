@@ -42,14 +42,11 @@ from quotaledger.projections.resources import RL, add_into
 from quotaledger.projections.state import EvictionRun, ProjectedState
 from quotaledger.projections.timers import Entry, TimerIndex, all_timers, timer_index
 
-from .sweep import HandledSweep
-from .sweep import TimerKey as TimerKey
-
 #: §8 rule 27: at one instant, quota-decrease before overuse before reclaim.
 CAUSE_ORDER: dict[PreemptionCause, int] = {"quota-decrease": 0, "overuse": 1, "reclaim": 2}
 
-#: From this many handled timers on, a sweep tests them in bulk (engine/sweep.py).
-BULK_SWEEP = 64
+#: A timer's identity: (cause, queue, pod_uid, deadline).
+TimerKey = tuple[PreemptionCause, str, str, int]
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -163,10 +160,6 @@ class EngineCore:
     _swept: tuple[ProjectedState, int, set[TimerKey], set[TimerKey]] | None = field(
         default=None, init=False, repr=False, compare=False
     )
-    #: the sweep's bulk test of many handled keys (engine/sweep.py)
-    _sweep: HandledSweep = field(
-        default_factory=HandledSweep, init=False, repr=False, compare=False
-    )
 
     @property
     def state(self) -> ProjectedState:
@@ -195,10 +188,7 @@ class EngineCore:
             keys = handled - swept[3]
         if keys:
             armed = armed_test(state)
-            if keys is handled and len(keys) > BULK_SWEEP:
-                gone = self._sweep.unarmed(state, handled, armed)
-            else:
-                gone = [key for key in keys if not armed(key)]
+            gone = [key for key in keys if not armed(key)]
             for key in gone:
                 handled.discard(key)
         self._swept = (state, state.offset, handled, set(handled))
