@@ -189,13 +189,61 @@ def _starving_changes(
     stopped: set[str] = set()
     at = state.ts if now is None else max(now, state.ts)
     pending, held = state.pending_pods, state.starving_held
+    pods, pod_quota = state.pods, state.pod_quota
+    free_get = free.get
+    # per quota: None when no pod of it can starve, else (max, its room
+    # ``runtime − used`` per resource): what ``is_starving`` reads of it
+    rooms: dict[str, tuple[RL | None, RL] | None] = {}
     for uid in recheck:
-        if uid not in pending or not is_starving(state, uid, free):
-            if uid in clocks:
+        running = uid in clocks
+        if not running and uid in held:
+            continue  # a held clock does not start (§8 rule 29), whatever the pod
+        starving = False
+        if uid in pending:
+            requests = pods[uid].requests
+            # is_starving, the quota's numbers read once per sample
+            for key, value in requests.items():
+                if value > 0 and value > free_get(key, 0):
+                    break
+            else:
+                requests = {}
+            if requests:
+                name = pod_quota[uid]
+                if name in rooms:
+                    room = rooms[name]
+                else:
+                    room = rooms[name] = _room(state.quotas[name])
+                if room is not None:
+                    cap, slack = room
+                    starving = True
+                    for key, value in requests.items():
+                        if value <= 0 or (cap is not None and key not in cap):
+                            continue
+                        if value > slack.get(key, 0):
+                            starving = False
+                            break
+        if not starving:
+            if running:
                 stopped.add(uid)
-        elif uid not in held and uid not in clocks:
+        elif not running:
             started[uid] = at
     return started, stopped
+
+
+def _room(node: QuotaNode) -> tuple[RL | None, RL] | None:
+    """What :func:`is_starving` reads of a pod's quota: None when it is a
+    parent, disconnected or builtin (none of its pods starves), else its max
+    and ``runtime − used`` per resource of its row."""
+    config = node.config
+    if config.is_parent or not node.connected or config.name in BUILTIN:
+        return None
+    slack: RL = {}
+    store = node.store
+    if store is not None:
+        row = node.row
+        for columns in store.by_key:
+            slack[columns.key] = columns.runtime[row] - columns.used[row]
+    return config.max, slack
 
 
 def sampled_starving(state: ProjectedState, now: int | None = None) -> dict[str, int]:
@@ -225,7 +273,27 @@ def _owing_changes(state: ProjectedState, now: int | None) -> tuple[dict[str, in
     at = state.ts if now is None else max(now, state.ts)
     for name in state.touched:
         node = quotas.get(name)
-        if node is None or not is_owing(node):
+        if node is None:
+            owing = False
+        else:
+            # is_owing, with the row read in place
+            config = node.config
+            cap = config.max
+            if config.is_parent or not node.connected or name in BUILTIN:
+                owing = False
+            elif cap is None or node.store is None:
+                owing = is_owing(node)
+            else:
+                owing = False
+                by_key, row = node.store.columns, node.row
+                for key, limit in cap.items():
+                    columns = by_key.get(key)
+                    if columns is not None:
+                        held_now = columns.used[row]
+                        if (limit if limit < held_now else held_now) > columns.runtime[row]:
+                            owing = True
+                            break
+        if not owing:
             if name in clocks:
                 stopped.add(name)
         elif name not in held and name not in clocks:

@@ -127,24 +127,46 @@ def water_fill_ordered(
     borrowers' remaining way up until all are capped. That case is taken
     at once, without the rounds (the same result)."""
     result = list(starts)
-    active = [i for i, weight in enumerate(weights) if weight > 0 and result[i] < caps[i]]
-    if active:
-        need = 0
+    active: list[int] = []
+    need = 0
+    for i, weight in enumerate(weights):
+        if weight > 0:
+            gap = caps[i] - result[i]
+            if gap > 0:
+                active.append(i)
+                need += gap
+    if pool >= need:
         for i in active:
-            need += caps[i] - result[i]
-        if pool >= need:
-            for i in active:
-                result[i] = caps[i]
-            return result
+            result[i] = caps[i]
+        return result
+    # the rounds of :func:`split_ordered`, over the borrowers still below
+    # their caps (positions in name order: ties to the smaller position)
     while pool > 0 and active:
-        shares = split_ordered(pool, [weights[i] for i in active])
+        total_weight = 0
+        for i in active:
+            total_weight += weights[i]
+        given = 0
+        shares: list[int] = []
+        remainders: list[tuple[int, int]] = []
+        for i in active:
+            share, remainder = divmod(weights[i] * pool, total_weight)
+            if remainder:
+                remainders.append((-remainder, len(shares)))
+            shares.append(share)
+            given += share
+        leftover = pool - given
+        if leftover:
+            remainders.sort()
+            for _, j in remainders[:leftover]:
+                shares[j] += 1
         excess = 0
         still: list[int] = []
         for i, share in zip(active, shares, strict=True):
             grown = result[i] + share
-            if grown >= caps[i]:
-                excess += grown - caps[i]
-                result[i] = caps[i]
+            cap = caps[i]
+            if grown >= cap:
+                excess += grown - cap
+                result[i] = cap
             else:
                 result[i] = grown
                 still.append(i)

@@ -13,9 +13,42 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
+from .columns import QuotaColumns
 from .request import terms_for
-from .resources import water_fill_ordered
 from .state import ProjectedState, QuotaNode
+
+#: Per resource, what a group's fill reads of its children's configurations:
+#: their mins in name order, Σ of them, their configured shared weights (None:
+#: not configured, the amount shared stands in, §8 rule 2) and whether every
+#: configured weight is positive.
+KeyFacts = tuple[list[int], int, list[int | None], bool]
+
+
+class GroupFill:
+    """One parent's children as its fill reads them, for as long as their
+    configurations, the tree's shape and the state's columns stay the same
+    (the settle drops it when the parent is filled whole): the children in
+    name order, their rows, and per resource their :data:`KeyFacts`,
+    computed on first use."""
+
+    __slots__ = ("children", "facts", "mins", "rows", "store", "weights")
+
+    def __init__(self, store: QuotaColumns, children: list[QuotaNode]) -> None:
+        self.store = store
+        self.children = children
+        self.rows = [child.row for child in children]
+        self.mins = [child.config.min for child in children]
+        self.weights = [terms_for(child).weights for child in children]
+        self.facts: dict[str, KeyFacts] = {}
+
+    def key_facts(self, key: str) -> KeyFacts:
+        facts = self.facts.get(key)
+        if facts is None:
+            mins = [amounts.get(key, 0) for amounts in self.mins]
+            weights = [amounts.get(key) for amounts in self.weights]
+            weighted = all(weight is None or weight > 0 for weight in weights)
+            facts = self.facts[key] = (mins, sum(mins), weights, weighted)
+        return facts
 
 
 def distribute(
@@ -24,6 +57,7 @@ def distribute(
     children: list[QuotaNode],
     min_scaling: bool,
     keys: Collection[str] | None = None,
+    fill: GroupFill | None = None,
 ) -> list[dict[str, int] | None]:
     """Runtime and effective min of each child of one parent, into the
     children's rows of the state's columns.
@@ -31,71 +65,134 @@ def distribute(
     ``children`` must be sorted by name (the water-fill's tie-break). The
     amount shared is ``total`` per resource, or, as an int, the runtime row of
     the parent. Only the resources in ``keys`` are filled when given (the
-    others' inputs did not change, so neither did their numbers). Returns,
-    aligned with ``children``, the resources whose runtime changed with the
-    runtime each had before (None when none changed).
+    others' inputs did not change, so neither did their numbers). ``fill``
+    is the group's :class:`GroupFill` if the caller keeps one (it must be of
+    these children and the state's columns). Returns, aligned with
+    ``children``, the resources whose runtime changed with the runtime each
+    had before (None when none changed).
     """
     store = state.columns
+    if fill is None or fill.store is not store:
+        fill = GroupFill(store, children)
     count = len(children)
-    rows = [child.row for child in children]
+    rows = fill.rows
     changed: list[dict[str, int] | None] = [None] * count
-    config_mins = [child.config.min for child in children]
-    weight_maps = [terms_for(child).weights for child in children]
+    known = fill.facts
     for columns in store.by_key:
         key = columns.key
         if keys is not None and key not in keys:
             continue
         amount = columns.runtime[total] if isinstance(total, int) else total.get(key, 0)
+        facts = known.get(key)
+        if facts is None:
+            facts = fill.key_facts(key)
+        mins, min_sum, weight_list, weighted = facts
         limited = columns.limited_request
         wants = [limited[row] for row in rows]
-        mins = [amounts.get(key, 0) for amounts in config_mins]
-        min_sum = sum(mins)
         if min_scaling and amount < min_sum:
             mins = [amount * value // min_sum for value in mins]
-        runtime_col, effective_col = columns.runtime, columns.effective_min
+        runtime: list[int]
         if min_sum == 0 and not any(wants):
             runtime = mins = wants  # nothing asked, nothing guaranteed: all 0
-        elif amount >= sum(wants) and all(
-            weight_maps[i].get(key, amount) > 0 for i in range(count) if wants[i] > mins[i]
+        elif amount >= sum(wants) and (
+            (weighted and amount > 0)
+            or all(
+                (amount if weight_list[i] is None else weight_list[i]) > 0  # type: ignore[operator]
+                for i in range(count)
+                if wants[i] > mins[i]
+            )
         ):
             # enough for every limited request and every borrower weighted:
             # the water-fill caps each borrower at its limited request (step 3)
             runtime = wants
         else:
-            runtime = list(wants)
-            borrowers: list[int] = []
-            starts: list[int] = []
-            caps: list[int] = []
-            weights: list[int] = []
-            pool = amount
-            for i in range(count):
-                eff = mins[i]
-                want = wants[i]
-                if want > eff:
-                    borrowers.append(i)
-                    starts.append(eff)
-                    caps.append(want)
-                    weights.append(weight_maps[i].get(key, amount))
-                    runtime[i] = eff
-                    pool -= eff
-                else:
-                    pool -= want
-            if borrowers:
-                filled = water_fill_ordered(pool, starts, caps, weights) if pool > 0 else starts
-                for i, value in zip(borrowers, filled, strict=True):
-                    runtime[i] = value
+            runtime = water_filled(amount, wants, mins, weight_list)
         # every value is ≤ a limited request or a min already stored: no widening
-        if [runtime_col[row] for row in rows] != runtime:
-            for i, row in enumerate(rows):
-                before = runtime_col[row]
-                if before != runtime[i]:
-                    runtime_col[row] = runtime[i]
-                    moved = changed[i]
-                    if moved is None:
-                        changed[i] = {key: before}
-                    else:
-                        moved[key] = before
-        if [effective_col[row] for row in rows] != mins:
-            for i, row in enumerate(rows):
-                effective_col[row] = mins[i]
+        runtime_col, effective_col = columns.runtime, columns.effective_min
+        for i in range(count):
+            row = rows[i]
+            value = runtime[i]
+            before = runtime_col[row]
+            if before != value:
+                runtime_col[row] = value
+                moved = changed[i]
+                if moved is None:
+                    changed[i] = {key: before}
+                else:
+                    moved[key] = before
+            value = mins[i]
+            if effective_col[row] != value:
+                effective_col[row] = value
     return changed
+
+
+def water_filled(
+    amount: int, wants: list[int], mins: list[int], weight_list: list[int | None]
+) -> list[int]:
+    """Steps 2-3 of the fill for one resource (DESIGN §5 "Runtime"): each
+    child's runtime, from its limited request, its effective min and its
+    configured weight (None: the amount). What ``water_fill_ordered`` gives
+    the borrowers (tests/projections/test_water_fill.py pins it against the
+    rule), fused with picking them: a borrower starts at its effective min,
+    the pool is what is left, and the weighted borrowers are filled by
+    rounds of largest-remainder splits (ties to the smaller position, i.e.
+    name) until the pool is spent or all are capped at their requests."""
+    runtime = list(wants)
+    pool = amount
+    active: list[int] = []
+    weights: list[int] = []
+    need = 0
+    for i, want in enumerate(wants):
+        eff = mins[i]
+        if want > eff:
+            runtime[i] = eff
+            pool -= eff
+            weight = weight_list[i]
+            if weight is None:
+                weight = amount
+            if weight > 0:
+                active.append(i)
+                weights.append(weight)
+                need += want - eff
+        else:
+            pool -= want
+    if pool <= 0 or not active:
+        return runtime
+    if pool >= need:
+        for i in active:
+            runtime[i] = wants[i]
+        return runtime
+    while True:
+        total_weight = 0
+        for weight in weights:
+            total_weight += weight
+        given = 0
+        shares: list[int] = []
+        remainders: list[tuple[int, int]] = []
+        for j, weight in enumerate(weights):
+            share, remainder = divmod(weight * pool, total_weight)
+            if remainder:
+                remainders.append((-remainder, j))
+            shares.append(share)
+            given += share
+        leftover = pool - given
+        if leftover:
+            remainders.sort()
+            for _, j in remainders[:leftover]:
+                shares[j] += 1
+        excess = 0
+        still: list[int] = []
+        still_weights: list[int] = []
+        for j, i in enumerate(active):
+            grown = runtime[i] + shares[j]
+            cap = wants[i]
+            if grown >= cap:
+                excess += grown - cap
+                runtime[i] = cap
+            else:
+                runtime[i] = grown
+                still.append(i)
+                still_weights.append(weights[j])
+        if excess <= 0 or not still:
+            return runtime
+        pool, active, weights = excess, still, still_weights

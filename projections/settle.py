@@ -26,7 +26,7 @@ from .pods import flush_sums
 from .recompute.totals import cluster_total, root_children, root_sums
 from .request import Change, apply_changes, recompute_node, terms_for
 from .resources import RL
-from .runtime import distribute
+from .runtime import GroupFill, distribute
 from .state import BUILTIN, ROOT, ProjectedState, QuotaNode
 
 _TOP_DOWN = ("runtime", "effective_min")
@@ -42,7 +42,7 @@ def tree_cache(state: ProjectedState) -> dict[str, Any]:
     """``state.sorted_children``, emptied when the tree's shape changed: quota
     name -> its children in name order; ``ROOT`` -> the top quotas (see
     :func:`top_quotas`); ``""`` -> the version and quotas they were listed
-    from, and the parents' :data:`Group` facts (see :func:`_groups`)."""
+    from, and the parents' fills (see :func:`_groups`)."""
     cache = state.sorted_children
     stamp = cache.get("")
     if stamp is None or stamp[0] != state.tree_version or stamp[1] is not state.quotas:
@@ -244,19 +244,31 @@ def _refill(state: ProjectedState, moves: _Moves | None = None) -> None:
     for name in whole:
         groups.pop(name, None)
     touched = state.touched
+    index = state.owing_index
+    track = index.changed if isinstance(index, ChangedQuotas) and not index.everything else None
+    by_key = state.columns.columns
+    amounts_before = moves.amounts
     while heap:
         _, name = heapq.heappop(heap)
         if name in done:
             continue
         done.add(name)
         total: RL | int
+        fill = groups.get(name)
+        if fill is not None and fill.store is not state.columns:
+            fill = None
         if name == ROOT:
-            total, children = state.cluster_total, root_children(state)
+            total = state.cluster_total
+            if fill is None:
+                fill = groups[name] = GroupFill(state.columns, root_children(state))
         else:
             node = quotas[name]
             if not node.config.is_parent:
                 continue
-            total, children = node.row, _children(state, name)
+            total = row = node.row
+            if fill is None:
+                fill = groups[name] = GroupFill(state.columns, _children(state, name))
+        children = fill.children
         if not children:
             continue
         changed: list[tuple[QuotaNode, dict[str, int]]] = []
@@ -264,61 +276,49 @@ def _refill(state: ProjectedState, moves: _Moves | None = None) -> None:
         if name not in whole:
             keys = partial[name]
             if name != ROOT:
+                # a parent short of what its children ask is filled (the
+                # first test of ``_fits``, taken here without the call)
                 keys = {
                     key
                     for key in keys
-                    if not _fits(state, moves, node, children, key, groups, changed)
+                    if by_key[key].runtime[row] < by_key[key].request[row]
+                    or not _fits(state, moves, node, fill, key, changed)
                 }
         if keys is None or keys:
-            moved = distribute(state, total, children, min_scaling, keys)
+            moved = distribute(state, total, children, min_scaling, keys, fill)
             for child, before in zip(children, moved, strict=True):
                 if before:
                     changed.append((child, before))
-        if changed:
-            _changed(state, (child.config.name for child, _ in changed))
         for child, before in changed:
             child_name = child.config.name
             touched.add(child_name)
+            if track is not None:
+                track.add(child_name)
             if child.config.is_parent:
                 partial.setdefault(child_name, set()).update(before)
-                amounts = moves.amounts.setdefault(child_name, {})
-                for key, value in before.items():
-                    amounts.setdefault(key, value)
+                amounts = amounts_before.get(child_name)
+                if amounts is None:
+                    amounts_before[child_name] = dict(before)
+                else:
+                    for key, value in before.items():
+                        amounts.setdefault(key, value)
                 heapq.heappush(heap, (child.depth, child_name))
 
 
-#: Per parent (while the tree's shape is the same and its children's
-#: configurations are): per resource, Σ of its children's mins and whether
-#: every configured shared weight of its children is positive.
-Group = dict[str, tuple[int, bool]]
-
-
-def _groups(state: ProjectedState) -> dict[str, Group]:
-    """The parents' :data:`Group` facts, kept with the tree's shape; a parent
-    filled whole (its children's configurations may have changed) loses its
-    own (``_refill``)."""
-    groups: dict[str, Group] = tree_cache(state)[""][2]
+def _groups(state: ProjectedState) -> dict[str, GroupFill]:
+    """The parents' :class:`~.runtime.GroupFill`, kept with the tree's shape;
+    a parent filled whole (its children's configurations may have changed)
+    loses its own (``_refill``)."""
+    groups: dict[str, GroupFill] = tree_cache(state)[""][2]
     return groups
-
-
-def _group(children: list[QuotaNode], key: str) -> tuple[int, bool]:
-    min_sum = 0
-    weighted = True
-    for child in children:
-        min_sum += child.config.min.get(key, 0)
-        weight = terms_for(child).weights.get(key)
-        if weight is not None and weight <= 0:
-            weighted = False
-    return min_sum, weighted
 
 
 def _fits(
     state: ProjectedState,
     moves: _Moves,
     node: QuotaNode,
-    children: list[QuotaNode],
+    fill: GroupFill,
     key: str,
-    groups: dict[str, Group],
     changed: list[tuple[QuotaNode, dict[str, int]]],
 ) -> bool:
     """Settle one parent's children for one resource without a fill, when
@@ -350,13 +350,10 @@ def _fits(
         asked_before -= delta
     if amount < asked or amount_before < asked_before:
         return False
-    group = groups.get(name)
-    if group is None:
-        group = groups[name] = {}
-    facts = group.get(key)
+    facts = fill.facts.get(key)
     if facts is None:
-        facts = group[key] = _group(children, key)
-    min_sum, weighted = facts
+        facts = fill.key_facts(key)
+    mins, min_sum, _, weighted = facts
     if not weighted:
         return False
     if (
@@ -366,12 +363,11 @@ def _fits(
     ):
         # the effective mins are scaled to the amount (§5 Runtime step 1)
         effective = columns.effective_min
-        for child in children:
-            value = child.config.min.get(key, 0)
+        for child_row, value in zip(fill.rows, mins, strict=True):
             if amount < min_sum:
                 value = amount * value // min_sum
-            if effective[child.row] != value:
-                effective[child.row] = value
+            if effective[child_row] != value:
+                effective[child_row] = value
     limited, runtime = columns.limited_request, columns.runtime
     for child, _ in changes:
         child_row = child.row

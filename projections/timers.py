@@ -203,9 +203,30 @@ class TimerIndex:
                 self._resource_of(state, OVERUSE, queue)
             self.marked_queues = set()
         if self.marked_pods:
+            self._refresh_pods(state)
+            self.marked_pods = set()
+
+    def _refresh_pods(self, state: ProjectedState) -> None:
+        """:meth:`_resource_of` for every marked pod (a sample starts and stops
+        many starvation clocks at once), the settings read once."""
+        settings = state.settings
+        if not settings.reclaim_enabled:
             for uid in self.marked_pods:
                 self._resource_of(state, RECLAIM, uid)
-            self.marked_pods = set()
+            return
+        after = round(settings.reclaim_after_s * 1000)
+        starving, pod_quota, quotas = state.starving_since, state.pod_quota, state.quotas
+        by_source = self.by_source
+        for uid in self.marked_pods:
+            since = starving.get(uid)
+            if since is None:
+                old = by_source.get((RECLAIM, uid))
+                if old is not None:
+                    self._remove(old)
+                continue
+            queue = pod_quota.get(uid, "")
+            node = quotas.get(queue)
+            self._add((since + after, RECLAIM, -node.depth if node is not None else 0, queue, uid))
 
     def _resource_of(self, state: ProjectedState, rank: int, name: str) -> None:
         entry = self._source_entry(state, rank, name)

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quotaledger.projections.resources import water_fill, water_fill_ordered
+from quotaledger.projections.runtime import water_filled
 
 
 def reference(pool: int, borrowers: list[tuple[str, int, int, int]]) -> dict[str, int]:
@@ -80,3 +81,44 @@ def test_seed_example_borrowers() -> None:
     mins and share the remaining 100 - 5 - 15 - 20 - 15 = 45 -> 20/35/40."""
     filled = water_fill(45, [("B", 15, 20, 60), ("C", 20, 40, 50), ("D", 15, 70, 80)])
     assert filled == {"B": 20, "C": 35, "D": 40}
+
+
+@st.composite
+def groups(draw: st.DrawFn) -> tuple[int, list[int], list[int], list[int | None]]:
+    """One parent's children for one resource: limited requests, effective
+    mins and configured weights (None: not configured), and the amount."""
+    count = draw(st.integers(0, 8))
+    wants = draw(st.lists(st.integers(0, 300), min_size=count, max_size=count))
+    mins = draw(st.lists(st.integers(0, 60), min_size=count, max_size=count))
+    weights = draw(st.lists(st.none() | st.integers(0, 40), min_size=count, max_size=count))
+    return draw(st.integers(-50, 1500)), wants, mins, weights
+
+
+@settings(max_examples=500, deadline=None)
+@given(groups())
+def test_fused_fill_equals_steps_2_and_3(
+    case: tuple[int, list[int], list[int], list[int | None]],
+) -> None:
+    """``runtime.water_filled`` (borrowers picked and filled in one pass)
+    gives what §5 Runtime steps 2-3 give: a child asking more than its
+    effective min starts there, any other gets its request, and the rest of
+    the amount is water-filled among the borrowers (the reference above,
+    positions standing for names in order; an unconfigured weight is the
+    amount)."""
+    amount, wants, mins, weights = case
+    names = [f"q{i}" for i in range(len(wants))]
+    expected = list(wants)
+    pool = amount
+    borrowers = []
+    for i, name in enumerate(names):
+        if wants[i] > mins[i]:
+            weight = weights[i]
+            borrowers.append((name, mins[i], wants[i], amount if weight is None else weight))
+            expected[i] = mins[i]
+            pool -= mins[i]
+        else:
+            pool -= wants[i]
+    if borrowers and pool > 0:
+        filled = reference(pool, borrowers)
+        expected = [filled.get(name, value) for name, value in zip(names, expected, strict=True)]
+    assert water_filled(amount, wants, mins, weights) == expected
