@@ -139,19 +139,31 @@ def water_fill_ordered(
         for i in active:
             result[i] = caps[i]
         return result
-    # the rounds of :func:`split_ordered`, over the borrowers still below
-    # their caps (positions in name order: ties to the smaller position)
-    while pool > 0 and active:
+    if pool <= 0 or not active:
+        return result
+    return fill_rounds(pool, result, caps, active, [weights[i] for i in active])
+
+
+def fill_rounds(
+    pool: int, result: list[int], caps: list[int], active: list[int], weights: list[int]
+) -> list[int]:
+    """The rounds of a water-fill, in place on ``result``: ``active`` are the
+    positions (in name order) still below their ``caps``, ``weights`` theirs
+    (aligned with ``active``, each > 0), ``pool`` > 0 what is left to hand
+    out. Each round splits the pool as :func:`split_ordered` does (largest
+    remainders, ties to the smaller position); a borrower reaching its cap
+    keeps the cap and its excess is the next round's pool. Returns ``result``."""
+    while True:
         total_weight = 0
-        for i in active:
-            total_weight += weights[i]
+        for weight in weights:
+            total_weight += weight
         given = 0
         shares: list[int] = []
         remainders: list[tuple[int, int]] = []
-        for i in active:
-            share, remainder = divmod(weights[i] * pool, total_weight)
+        for j, weight in enumerate(weights):
+            share, remainder = divmod(weight * pool, total_weight)
             if remainder:
-                remainders.append((-remainder, len(shares)))
+                remainders.append((-remainder, j))
             shares.append(share)
             given += share
         leftover = pool - given
@@ -161,8 +173,9 @@ def water_fill_ordered(
                 shares[j] += 1
         excess = 0
         still: list[int] = []
-        for i, share in zip(active, shares, strict=True):
-            grown = result[i] + share
+        still_weights: list[int] = []
+        for j, i in enumerate(active):
+            grown = result[i] + shares[j]
             cap = caps[i]
             if grown >= cap:
                 excess += grown - cap
@@ -170,6 +183,7 @@ def water_fill_ordered(
             else:
                 result[i] = grown
                 still.append(i)
-        pool = excess
-        active = still
-    return result
+                still_weights.append(weights[j])
+        if excess <= 0 or not still:
+            return result
+        pool, active, weights = excess, still, still_weights

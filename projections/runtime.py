@@ -15,6 +15,7 @@ from collections.abc import Collection, Mapping
 
 from .columns import QuotaColumns
 from .request import terms_for
+from .resources import fill_rounds
 from .state import ProjectedState, QuotaNode
 
 #: Per resource, what a group's fill reads of its children's configurations:
@@ -162,37 +163,4 @@ def water_filled(
         for i in active:
             runtime[i] = wants[i]
         return runtime
-    while True:
-        total_weight = 0
-        for weight in weights:
-            total_weight += weight
-        given = 0
-        shares: list[int] = []
-        remainders: list[tuple[int, int]] = []
-        for j, weight in enumerate(weights):
-            share, remainder = divmod(weight * pool, total_weight)
-            if remainder:
-                remainders.append((-remainder, j))
-            shares.append(share)
-            given += share
-        leftover = pool - given
-        if leftover:
-            remainders.sort()
-            for _, j in remainders[:leftover]:
-                shares[j] += 1
-        excess = 0
-        still: list[int] = []
-        still_weights: list[int] = []
-        for j, i in enumerate(active):
-            grown = runtime[i] + shares[j]
-            cap = wants[i]
-            if grown >= cap:
-                excess += grown - cap
-                runtime[i] = cap
-            else:
-                runtime[i] = grown
-                still.append(i)
-                still_weights.append(weights[j])
-        if excess <= 0 or not still:
-            return runtime
-        pool, active, weights = excess, still, still_weights
+    return fill_rounds(pool, runtime, wants, active, weights)
