@@ -57,37 +57,25 @@ class Cut:
     offset: int
 
 
-class _Work:
-    """The model's work of records ``0..x``: ``x + 1``."""
-
-    def __init__(self, last_offset: int) -> None:
-        self.last = last_offset
-
-    def at(self, x: int) -> float:
-        return float(x + 1)
-
-    def reach(self, work: float) -> int:
-        """The largest offset ``x`` (≤ the last) whose ``at(x)`` is at most ``work``."""
-        return min(self.last, int(work) - 1)
-
-
 def _start(size: int) -> float:
     """What a span starting from a snapshot of ``size`` bytes pays first."""
     return START_RECORDS + size / LOAD_BYTES
 
 
 def _cuts_within(
-    budget: float, work: _Work, usable: Sequence[tuple[int, int]], jobs: int
+    budget: float, last: int, usable: Sequence[tuple[int, int]], jobs: int
 ) -> list[Cut] | None:
     """Cuts such that no span costs more than ``budget`` (greedy: each span as
     long as it may be, the next starting from the snapshot that leaves the
-    least work after it), or None when ``jobs`` spans cannot."""
+    least work after it), or None when ``jobs`` spans cannot. The work of
+    records ``a+1..b`` is ``b - a``, every record audited weighing one."""
     cuts: list[Cut] = []
     previous, cost = -1, 0.0  # the last offset before the span, its own fixed cost
-    end = work.last
+    end = last
+    sizes = dict(usable)
     for span in range(jobs):
         share = 1.0 if span == 0 else RESTORED_SHARE
-        if cost + share * (work.at(end) - work.at(previous)) <= budget:
+        if cost + share * (end - previous) <= budget:
             return cuts
         if span == jobs - 1:
             return None
@@ -96,17 +84,17 @@ def _cuts_within(
             if snapshot <= previous:
                 continue
             room = budget - cost - size / VERIFY_BYTES
-            offset = min(work.reach(work.at(previous) + room / share), end - 1)
+            offset = min(int(previous + 1 + room / share) - 1, end - 1)
             if offset < snapshot:
                 continue
             then = _start(size) + FOLD_SHARE * (offset - snapshot)
-            left = then + RESTORED_SHARE * (work.at(end) - work.at(offset))
+            left = then + RESTORED_SHARE * (end - offset)
             if best is None or left < best[0]:
                 best = (left, Cut(snapshot, offset))
         if best is None:
             return None
         cut = best[1]
-        size = dict(usable)[cut.snapshot]
+        size = sizes[cut.snapshot]
         cost = _start(size) + FOLD_SHARE * (cut.offset - cut.snapshot)
         cuts.append(cut)
         previous = cut.offset
@@ -123,27 +111,26 @@ def plan_cuts(snapshots: Sequence[tuple[int, int]], last_offset: int, jobs: int)
     usable = sorted({(o, size) for o, size in snapshots if 0 <= o < last_offset})
     if jobs < 2 or not usable:
         return []
-    work = _Work(last_offset)
-    low, high = 0.0, work.at(last_offset)
+    low, high = 0.0, float(last_offset + 1)
     best: list[Cut] = []
     for _ in range(60):
         middle = (low + high) / 2
-        cuts = _cuts_within(middle, work, usable, jobs)
+        cuts = _cuts_within(middle, last_offset, usable, jobs)
         if cuts is None:
             low = middle
         else:
             high, best = middle, cuts
         if high - low <= high * 1e-6:
             break
-    return best or even_cuts(work, usable, jobs)
+    return best or even_cuts(last_offset, usable, jobs)
 
 
-def even_cuts(work: _Work, usable: Sequence[tuple[int, int]], jobs: int) -> list[Cut]:
+def even_cuts(last_offset: int, usable: Sequence[tuple[int, int]], jobs: int) -> list[Cut]:
     """For each even split k/jobs of the records, the snapshot nearest to it
     (ties: the earlier), each a cut at the snapshot itself."""
-    total = work.at(work.last)
+    total = last_offset + 1
     stops = {
-        min(usable, key=lambda item: (abs(work.at(item[0]) - total * k / jobs), item[0]))[0]
+        min(usable, key=lambda item: (abs(item[0] + 1 - total * k / jobs), item[0]))[0]
         for k in range(1, jobs)
     }
     return [Cut(stop, stop) for stop in sorted(stops)]
