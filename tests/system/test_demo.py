@@ -137,3 +137,54 @@ def test_demo_command_finishes_on_its_own() -> None:
     )
     assert bad.returncode == 2
     assert bad.stderr.decode().startswith("quotaledger: error: --speed")
+
+
+async def _refused(ledger: Any, clock: Any) -> None:
+    """A timeline whose ledger refuses the second append (a planted fault)."""
+    from quotaledger.events.ledger import Append, LedgerError
+
+    await ledger.append([Append(payload=b'{"kind": "NodeUpserted", "name": "n0"}')])
+    raise LedgerError("the ledger refused the append (planted)")
+
+
+async def test_an_error_in_the_timeline_ends_the_demo(monkeypatch: Any) -> None:
+    """A failing producer (here: the ledger refusing an append after the setup)
+    ends the whole demo with its error instead of leaving the server running
+    on a story that stopped."""
+    from quotaledger.adapters import demo as demo_module
+
+    monkeypatch.setattr(demo_module, "produce", _refused)
+    servers: list[Any] = []
+    run = asyncio.create_task(
+        run_demo(DemoOptions(port=0, speed=SPEED), out=io.StringIO(), on_server=servers.append)
+    )
+    done, _ = await asyncio.wait([run], timeout=60)
+    assert done, "the demo kept running after its timeline failed"
+    error = run.exception()
+    assert isinstance(error, BaseExceptionGroup)
+    assert [str(e) for e in error.exceptions] == ["the ledger refused the append (planted)"]
+    if servers:  # the server had started: its port is closed now
+        port = servers[0].port
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            pass
+        else:
+            writer.close()
+            raise AssertionError(f"port {port} still accepts connections")
+
+
+def test_the_cli_reports_a_timeline_error_as_one_error(monkeypatch: Any) -> None:
+    """``run_server`` (what ``quotaledger demo`` runs) hands the timeline's
+    ledger error on unwrapped, which the CLI prints as one line."""
+    from quotaledger.adapters import demo as demo_module
+    from quotaledger.adapters.http.command import run_server
+    from quotaledger.events.ledger import LedgerError
+
+    monkeypatch.setattr(demo_module, "produce", _refused)
+    try:
+        run_server(run_demo(DemoOptions(port=0, speed=SPEED), out=io.StringIO()), "127.0.0.1:0")
+    except LedgerError as exc:
+        assert str(exc) == "the ledger refused the append (planted)"
+    else:
+        raise AssertionError("run_server returned although the timeline failed")
