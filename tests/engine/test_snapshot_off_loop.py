@@ -357,7 +357,25 @@ def test_retention_spreads_what_it_keeps() -> None:
         kept.append(10 * k)
         kept = [offset for offset in kept if offset not in to_drop(kept)]
     assert len(kept) == KEEP_SNAPSHOTS and kept[-2:] == [990, 1000]
-    assert kept[0] < 250 and kept[KEEP_SNAPSHOTS // 2] < 750
+    assert kept[0] < 250 and kept[KEEP_SNAPSHOTS // 2 - 1] < 750
+
+
+def test_retention_keeps_one_near_the_middle_as_the_ledger_grows() -> None:
+    """DECISIONS 370: while a ledger grows from 20 to 200 snapshots, the kept
+    snapshot nearest before its middle (where ``audit --jobs 2`` cuts) lies on
+    average less than 9 % of the ledger before it (the neighbours-nearest rule
+    alone: 12 %), and no gap between kept ones grows past 36 % of the ledger."""
+    kept: list[int] = []
+    shortfalls: list[float] = []
+    for k in range(1, 201):
+        kept.append(10 * k)
+        kept = [offset for offset in kept if offset not in to_drop(kept)]
+        if k >= 20:
+            length = 10 * k
+            below = max([offset for offset in kept if offset <= length / 2], default=0)
+            shortfalls.append((length / 2 - below) / length)
+            assert max(b - a for a, b in zip([0, *kept], kept, strict=False)) < 0.36 * length
+    assert sum(shortfalls) / len(shortfalls) < 0.09
 
 
 async def test_the_ledger_keeps_its_last_few_snapshots_and_drops_the_rest_parts_and_all(
