@@ -349,6 +349,17 @@ def test_retention_keeps_the_newest_and_a_spread(offsets: list[int], keep: int) 
     assert distinct[-2:] == kept[-2:]
 
 
+def test_retention_of_a_ledger_from_before_it() -> None:
+    """A ledger that kept every snapshot (before DECISIONS 270) thins to ``keep`` at its
+    next save: the newest two, the others spread (the many first by the neighbours-nearest
+    rule: the cost of DECISIONS 370 is cubic in their number)."""
+    offsets = list(range(0, 2_000 * 50, 50))
+    dropped = set(to_drop(offsets))
+    kept = [offset for offset in offsets if offset not in dropped]
+    assert len(kept) == KEEP_SNAPSHOTS and kept[-2:] == offsets[-2:]
+    assert max(b - a for a, b in zip([0, *kept], kept, strict=False)) < 0.4 * offsets[-1]
+
+
 def test_retention_spreads_what_it_keeps() -> None:
     """Snapshots every 10 records, 100 times: the kept ones are not bunched at
     the tail, so ``audit --jobs`` still finds segment boundaries across the ledger."""

@@ -73,6 +73,10 @@ _KEEP_NEWEST = 2
 #: Retention looks ahead to the ledger at up to twice its newest offset, in this
 #: many steps (a snapshot taken later lies at or after that offset).
 _GROWTH_STEPS = 20
+#: Above this many snapshots (a ledger from before retention) the extra ones are
+#: dropped by the neighbours-nearest rule alone: the cost of each is evaluated for
+#: every candidate, cubic in their number.
+_COSTED = 16
 #: The weight of the largest gap between kept snapshots against how far the
 #: nearest snapshot lies before the ledger's middle (DECISIONS 370).
 _SPREAD_WEIGHT = 0.25
@@ -106,11 +110,15 @@ def to_drop(offsets: list[int], keep: int = KEEP_SNAPSHOTS) -> list[int]:
     dropped: list[int] = []
     while len(kept) > max(keep, _KEEP_NEWEST):
 
-        def loss(i: int) -> tuple[float, int, int]:
-            rest = kept[:i] + kept[i + 1 :]
-            return _retention_cost(rest), kept[i + 1] - (kept[i - 1] if i > 0 else -1), kept[i]
+        def span(i: int) -> tuple[int, int]:
+            return kept[i + 1] - (kept[i - 1] if i > 0 else -1), kept[i]
 
-        dropped.append(kept.pop(min(range(len(kept) - _KEEP_NEWEST), key=loss)))
+        def loss(i: int) -> tuple[float, int, int]:
+            return _retention_cost(kept[:i] + kept[i + 1 :]), *span(i)
+
+        # many (a ledger from before retention): the neighbours-nearest rule first
+        rule = loss if len(kept) <= _COSTED else span
+        dropped.append(kept.pop(min(range(len(kept) - _KEEP_NEWEST), key=rule)))
     return dropped
 
 
