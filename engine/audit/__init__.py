@@ -26,6 +26,7 @@ entry points: :func:`audit` (one pass over a record source), the
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 
 from quotaledger.events.ledger import RecordSource
@@ -40,10 +41,7 @@ def audit(source: RecordSource, *, digests: Mapping[int, bytes] | None = None) -
     records from offset ``n`` (used to refold for an out-of-order basis and to
     locate a changed record). ``digests`` are ``d(offset)`` values kept elsewhere."""
     auditor = Auditor(source, digests=digests)
-    for record in source(0):
-        auditor.feed(record)
-        if auditor.stopped:
-            break
+    auditor.feed_until(iter(source(0)), sys.maxsize)
     return auditor.finish()
 
 

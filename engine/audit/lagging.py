@@ -43,7 +43,8 @@ class LaggingFold:
         self.source = source
         self.projection = Projection()
         self.fed = fed
-        self.buffer: deque[Record] = deque()  # the latest records fed, in order
+        #: the latest records fed, in order (the oldest dropped past the limit)
+        self.buffer: deque[Record] = deque(maxlen=BUFFER_LIMIT)
         self.refolds = 0
         self.seed = seed
 
@@ -51,8 +52,6 @@ class LaggingFold:
         """A record the main fold has just passed (kept, not folded)."""
         self.buffer.append(record)
         self.fed = record.offset
-        if len(self.buffer) > BUFFER_LIMIT:
-            self.buffer.popleft()
 
     def at(self, basis: int) -> ProjectedState:
         """The state folded through ``basis`` (which the main fold has passed)."""

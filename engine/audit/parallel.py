@@ -291,14 +291,18 @@ def audit_span(
     accepted: Handover | None = None
     rejected: list[tuple[int, str]] = []
     done = 0
-    for record in source(begin):
-        offset = record.offset
-        if offset > end:
+    records = iter(source(begin))
+    while True:
+        stop = min(end, begin + done // 1000 * 1000 + 999)
+        if checking >= 0:
+            stop = min(stop, checking)
+        if verified is not None:
+            stop = min(stop, verified[0].offset)
+        fed = auditor.feed_until(records, stop)
+        if fed is None or auditor.stopped:
             break
-        auditor.feed(record)
-        if auditor.stopped:
-            break
-        done += 1
+        offset = fed.offset
+        done = offset - begin + 1
         if progress is not None and done % 1000 == 0:
             progress(done)
         if offset == checking:
@@ -322,6 +326,8 @@ def audit_span(
             if offset != mark.offset:
                 hashed = state_hash(auditor.main.state)
             accepted = Handover(mark, offset, auditor.chain.chain.hex, hashed)
+            break
+        if offset >= end:
             break
     if progress is not None:
         progress(done)

@@ -206,6 +206,58 @@ def test_spans_equal_one_process_whatever_the_snapshots_and_tampering(
         assert any(f"snapshot at offset {bad} " in w for w in warnings)
 
 
+def fed_one_by_one(records: Sequence[Record], digests: dict[int, bytes] | None) -> AuditReport:
+    """The audit with every record given to :meth:`Auditor.feed` on its own."""
+    auditor = decisions_module.Auditor(
+        lambda start: [r for r in records if r.offset >= start], digests=digests
+    )
+    for record in records:
+        auditor.feed(record)
+        if auditor.stopped:
+            break
+    return auditor.finish()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    example=st.sampled_from(EXAMPLES),
+    stops=st.lists(st.floats(0.0, 0.999), max_size=5),
+    record_cut=st.none() | st.floats(0.0, 0.999),
+    removed=st.none() | st.floats(0.0, 0.999),
+    given_at=st.none() | st.floats(0.0, 0.999),
+)
+def test_feeding_in_runs_equals_feeding_one_by_one(
+    example: str,
+    stops: list[float],
+    record_cut: float | None,
+    removed: float | None,
+    given_at: float | None,
+) -> None:
+    """DECISIONS 371: ``Auditor.feed_until`` (the usual record folded in its own
+    loop) stopping anywhere gives the report of ``feed`` record by record,
+    whatever record is changed or removed and with a ``--digest`` value left."""
+    records = list(simulated_records(example))
+    last = records[-1].offset
+    digests: dict[int, bytes] | None = None
+    if given_at is not None:
+        chain = DigestChain()
+        for record in records[: int(given_at * last) + 1]:
+            chain.update(record)
+        digests = {chain.through: chain.digest}
+    if record_cut is not None:
+        records = tampered(records, 1 + int(record_cut * last))
+    if removed is not None:
+        del records[1 + int(removed * last)]
+    expected = fed_one_by_one(records, digests)
+    auditor = decisions_module.Auditor(
+        lambda start: [r for r in records if r.offset >= start], digests=digests
+    )
+    remaining = iter(records)
+    for stop in [*sorted(int(cut * last) for cut in stops), last + 1]:
+        auditor.feed_until(remaining, stop)
+    same(auditor.finish(), expected)
+
+
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_a_changed_record_in_each_segment(example: str) -> None:
     records = simulated_records(example)

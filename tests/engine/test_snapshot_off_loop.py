@@ -349,6 +349,17 @@ def test_retention_keeps_the_newest_and_a_spread(offsets: list[int], keep: int) 
     assert distinct[-2:] == kept[-2:]
 
 
+def test_retention_of_a_ledger_from_before_it() -> None:
+    """A ledger that kept every snapshot (before DECISIONS 270) thins to ``keep`` at its
+    next save: the newest two, the others spread (the many first by the neighbours-nearest
+    rule: the cost of DECISIONS 370 is cubic in their number)."""
+    offsets = list(range(0, 2_000 * 50, 50))
+    dropped = set(to_drop(offsets))
+    kept = [offset for offset in offsets if offset not in dropped]
+    assert len(kept) == KEEP_SNAPSHOTS and kept[-2:] == offsets[-2:]
+    assert max(b - a for a, b in zip([0, *kept], kept, strict=False)) < 0.4 * offsets[-1]
+
+
 def test_retention_spreads_what_it_keeps() -> None:
     """Snapshots every 10 records, 100 times: the kept ones are not bunched at
     the tail, so ``audit --jobs`` still finds segment boundaries across the ledger."""
@@ -357,7 +368,25 @@ def test_retention_spreads_what_it_keeps() -> None:
         kept.append(10 * k)
         kept = [offset for offset in kept if offset not in to_drop(kept)]
     assert len(kept) == KEEP_SNAPSHOTS and kept[-2:] == [990, 1000]
-    assert kept[0] < 250 and kept[KEEP_SNAPSHOTS // 2] < 750
+    assert kept[0] < 250 and kept[KEEP_SNAPSHOTS // 2 - 1] < 750
+
+
+def test_retention_keeps_one_near_the_middle_as_the_ledger_grows() -> None:
+    """DECISIONS 370: while a ledger grows from 20 to 200 snapshots, the kept
+    snapshot nearest before its middle (where ``audit --jobs 2`` cuts) lies on
+    average less than 9 % of the ledger before it (the neighbours-nearest rule
+    alone: 12 %), and no gap between kept ones grows past 36 % of the ledger."""
+    kept: list[int] = []
+    shortfalls: list[float] = []
+    for k in range(1, 201):
+        kept.append(10 * k)
+        kept = [offset for offset in kept if offset not in to_drop(kept)]
+        if k >= 20:
+            length = 10 * k
+            below = max([offset for offset in kept if offset <= length / 2], default=0)
+            shortfalls.append((length / 2 - below) / length)
+            assert max(b - a for a, b in zip([0, *kept], kept, strict=False)) < 0.36 * length
+    assert sum(shortfalls) / len(shortfalls) < 0.09
 
 
 async def test_the_ledger_keeps_its_last_few_snapshots_and_drops_the_rest_parts_and_all(

@@ -39,6 +39,7 @@ import sqlite3
 import threading
 import time
 import uuid
+from bisect import bisect_right
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -69,14 +70,42 @@ _INSERT_PART = "INSERT INTO snapshot_parts (token, part, offset, data) VALUES (?
 KEEP_SNAPSHOTS = 6
 #: The newest snapshots retention never drops.
 _KEEP_NEWEST = 2
+#: Retention looks ahead to the ledger at up to twice its newest offset, in this
+#: many steps (a snapshot taken later lies at or after that offset).
+_GROWTH_STEPS = 20
+#: Above this many snapshots (a ledger from before retention) the extra ones are
+#: dropped by the neighbours-nearest rule alone: the cost of each is evaluated for
+#: every candidate, cubic in their number.
+_COSTED = 16
+#: The weight of the largest gap between kept snapshots against how far the
+#: nearest snapshot lies before the ledger's middle (DECISIONS 370).
+_SPREAD_WEIGHT = 0.25
+
+
+def _retention_cost(kept: list[int]) -> float:
+    """What keeping the sorted ``kept`` costs (DECISIONS 370): how far the nearest
+    snapshot lies before the ledger's middle, as a share of its length, averaged
+    over the ledger growing from its newest offset to twice that; plus a quarter
+    of the largest gap between kept snapshots, as a share of the newest offset."""
+    newest = kept[-1] + 1
+    short = 0.0
+    for step in range(_GROWTH_STEPS + 1):
+        length = newest * (1 + step / _GROWTH_STEPS)
+        middle = length / 2
+        below = bisect_right(kept, middle) - 1
+        short += (middle - (kept[below] if below >= 0 else 0)) / length
+    widest = max(after - before for before, after in zip([-1, *kept], kept, strict=False))
+    return short / (_GROWTH_STEPS + 1) + _SPREAD_WEIGHT * widest / newest
 
 
 def to_drop(offsets: list[int], keep: int = KEEP_SNAPSHOTS) -> list[int]:
     """Which of the snapshots at ``offsets`` retention drops so that ``keep``
-    remain, at least two (DECISIONS 270): never the two newest (a restore
+    remain, at least two (DECISIONS 270, 370): never the two newest (a restore
     starts from the newest); among the older ones, one at a time, the one whose
-    neighbours are nearest each other (ties: the older), so the kept ones stay
-    spread over the ledger, where ``audit --jobs`` cuts its segments."""
+    loss costs least (:func:`_retention_cost`: a snapshot kept a little before
+    the ledger's middle while the ledger grows, where ``audit --jobs 2`` cuts,
+    and the others spread; ties: the one whose neighbours are nearest each
+    other, then the older)."""
     kept = sorted(set(offsets))
     dropped: list[int] = []
     while len(kept) > max(keep, _KEEP_NEWEST):
@@ -84,7 +113,12 @@ def to_drop(offsets: list[int], keep: int = KEEP_SNAPSHOTS) -> list[int]:
         def span(i: int) -> tuple[int, int]:
             return kept[i + 1] - (kept[i - 1] if i > 0 else -1), kept[i]
 
-        dropped.append(kept.pop(min(range(len(kept) - _KEEP_NEWEST), key=span)))
+        def loss(i: int) -> tuple[float, int, int]:
+            return _retention_cost(kept[:i] + kept[i + 1 :]), *span(i)
+
+        # many (a ledger from before retention): the neighbours-nearest rule first
+        rule = loss if len(kept) <= _COSTED else span
+        dropped.append(kept.pop(min(range(len(kept) - _KEEP_NEWEST), key=rule)))
     return dropped
 
 
