@@ -178,9 +178,15 @@ def flush_all(state: ProjectedState, names: Iterable[str]) -> None:
                     value -= old.get(key, 0)
                     if value:
                         columns = known(key) or store.key(key)
-                        _add(store, columns, "pod_request", row, value)
+                        try:  # _add, inlined
+                            columns.pod_request[row] += value
+                        except OverflowError:
+                            _add(store, columns, "pod_request", row, value)
                         if both:
-                            _add(store, columns, "pod_used", row, value)
+                            try:
+                                columns.pod_used[row] += value
+                            except OverflowError:
+                                _add(store, columns, "pod_used", row, value)
                 for key, value in old.items():
                     if value and key not in new:
                         columns = known(key) or store.key(key)
