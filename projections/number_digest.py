@@ -72,6 +72,7 @@ class NumberDigest:
         self.shows: list[bool] = []
         self.chunk_of_row: dict[int, int] = {}
         self.digests: list[bytes] = []
+        self.encoded_names: list[bytes | None] = []  # per chunk, its names' JSON once known
         self.dirty: set[int] = set()
         self.columns: QuotaColumns | None = None
         self.shadow: dict[str, list[Any]] = {}
@@ -100,11 +101,12 @@ class NumberDigest:
         self.chunk_of_row = {row: at // CHUNK for at, row in enumerate(self.rows) if row >= 0}
         count = -(-len(self.names) // CHUNK)
         self.digests = [b""] * count
+        self.encoded_names = [None] * count
         self.dirty = set(range(count))
 
     def mark_rows(self, rows: Iterable[int]) -> None:
-        chunk_of_row = self.chunk_of_row
-        self.dirty.update(chunk_of_row[row] for row in rows if row in chunk_of_row)
+        found: set[int | None] = set(map(self.chunk_of_row.get, rows))
+        self.dirty.update(chunk for chunk in found if chunk is not None)
 
     # ------------------------------------------------------------ the copy
 
@@ -116,9 +118,15 @@ class NumberDigest:
         }
 
     def changed_rows(self, columns: QuotaColumns) -> set[int]:
-        """Rows whose numbers differ from the copy (which is then brought up to date)."""
+        """Rows whose numbers differ from the copy (which is then brought up to date).
+
+        On numpy, int64 columns as long as their copies are compared into
+        one mask and copied over their copies in place; any other column
+        (wide, or grown since) row by row."""
         changed: set[int] = set()
         fast = columns.capacity >= NUMPY_ROWS
+        np = _numpy() if fast else None
+        mask = None
         for kc in columns.by_key:
             copies = self.shadow.get(kc.key)
             if copies is None:
@@ -128,8 +136,23 @@ class NumberDigest:
                 old = copies[index]
                 if type(old) is type(column) and old == column:
                     continue
+                if (
+                    np is not None
+                    and type(column) is type(old) is array
+                    and len(old) == len(column)
+                ):
+                    if mask is None:
+                        mask = np.zeros(len(column), dtype=bool)
+                    if len(mask) == len(column):
+                        mask |= np.frombuffer(column, dtype=np.int64) != np.frombuffer(
+                            old, dtype=np.int64
+                        )
+                        old[:] = column
+                        continue
                 changed.update(_differing(column, old) if fast else _differing_slow(column, old))
                 copies[index] = _copy(column)
+        if np is not None and mask is not None:
+            changed.update(np.flatnonzero(mask).tolist())
         return changed
 
     # ------------------------------------------------------------ the digest
@@ -148,8 +171,13 @@ class NumberDigest:
                 blocks = self._numpy_blocks(dirty, keys)
             else:
                 blocks = [self._python_blocks(chunk, keys) for chunk in dirty]
+            encoded_names = self.encoded_names
             for chunk, parts in zip(dirty, blocks, strict=True):
-                names = _ENCODE(self.names[chunk * CHUNK : (chunk + 1) * CHUNK])
+                names = encoded_names[chunk]
+                if names is None:
+                    names = encoded_names[chunk] = _ENCODE(
+                        self.names[chunk * CHUNK : (chunk + 1) * CHUNK]
+                    )
                 self.digests[chunk] = sha256(names + b"".join(parts)).digest()
             self.dirty.clear()
         return sha256(len(self.names).to_bytes(8, "big") + b"".join(self.digests)).digest()
@@ -203,6 +231,12 @@ class NumberDigest:
                         head + data[bounds[index] * width : bounds[index + 1] * width]
                     )
         return out
+
+
+def _numpy() -> Any:
+    import numpy
+
+    return numpy
 
 
 def _copy(column: Any) -> Any:

@@ -18,6 +18,7 @@ from sys import intern
 
 from quotaledger.events.model import PodUpserted
 
+from .columns import KeyColumns, QuotaColumns
 from .persisted import SMALL_DICT
 from .resources import RL, add_into
 from .state import (
@@ -146,34 +147,126 @@ def flush_sums(state: ProjectedState, node: QuotaNode) -> None:
         store.write("pod_used", row, used)
         node.sums_stale = False
     elif node.sum_log:
-        # The log's net change per resource, added once per column: the sums
-        # are exact integers, so the result is the entries' added one by one.
-        # A resized pod bound before and after (the common entry) moves both
-        # columns by the same difference, kept once in ``both``.
-        both: RL = {}
-        request_delta: RL = {}
-        used_delta: RL = {}
-        for old, new, was_bound, bound in node.sum_log:
+        _apply_log(state, node.sum_log, row)
+
+
+def flush_all(state: ProjectedState, names: Iterable[str]) -> None:
+    """:func:`flush_sums` of every quota named (unknown names skipped), for the
+    full recompute's thousands of dirty quotas: each logged change is added
+    straight into the columns, entry by entry, without building the net change
+    first (sums commute: the same sums). A quota whose sums are stale, or
+    without its row yet, goes through :func:`flush_sums`."""
+    quotas = state.quotas
+    store = state.columns
+    known = store.columns.get
+    for name in names:
+        node = quotas.get(name)
+        if node is None:
+            continue
+        log = node.sum_log
+        if node.sums_stale or node.store is not store:
+            if log or node.sums_stale:
+                flush_sums(state, node)
+            continue
+        if not log:
+            continue
+        row = node.row
+        for old, new, was_bound, bound in log:
             if old is not new:
-                if was_bound and bound:
-                    _difference_into(both, old, new)
+                both = was_bound and bound
+                for key, value in new.items():
+                    value -= old.get(key, 0)
+                    if value:
+                        columns = known(key) or store.key(key)
+                        try:  # _add, inlined
+                            columns.pod_request[row] += value
+                        except OverflowError:
+                            _add(store, columns, "pod_request", row, value)
+                        if both:
+                            try:
+                                columns.pod_used[row] += value
+                            except OverflowError:
+                                _add(store, columns, "pod_used", row, value)
+                for key, value in old.items():
+                    if value and key not in new:
+                        columns = known(key) or store.key(key)
+                        _add(store, columns, "pod_request", row, -value)
+                        if both:
+                            _add(store, columns, "pod_used", row, -value)
+                if both:
                     continue
-                _difference_into(request_delta, old, new)
+            if was_bound:
+                for key, value in old.items():
+                    if value:
+                        _add(store, known(key) or store.key(key), "pod_used", row, -value)
+            if bound:
+                for key, value in new.items():
+                    if value:
+                        _add(store, known(key) or store.key(key), "pod_used", row, value)
+        log.clear()
+
+
+def _add(store: QuotaColumns, columns: KeyColumns, name: str, row: int, value: int) -> None:
+    """``columns.<name>[row] += value``, widening the resource when needed."""
+    column = getattr(columns, name)
+    try:
+        column[row] += value
+    except OverflowError:
+        store.widen(columns)
+        getattr(columns, name)[row] += value
+
+
+def _add_both(store: QuotaColumns, columns: KeyColumns, row: int, value: int) -> None:
+    """``pod_request[row] += value`` and ``pod_used[row] += value`` of one resource."""
+    try:
+        columns.pod_request[row] += value
+    except OverflowError:
+        store.widen(columns)
+        columns.pod_request[row] += value
+    try:
+        columns.pod_used[row] += value
+    except OverflowError:
+        store.widen(columns)
+        columns.pod_used[row] += value
+
+
+def _apply_log(state: ProjectedState, log: list[tuple[RL, RL, bool, bool]], row: int) -> None:
+    """Add the log's net change per resource to ``row``'s pod sums, once per
+    column and resource (the sums are exact integers, so the result is the
+    entries' added one by one), then empty the log. A resized pod bound before
+    and after (the common entry) moves both columns by the same difference,
+    kept once in ``both``. The adds go straight into the columns (a column
+    that cannot hold a result turns wide, as in ``QuotaColumns.add``)."""
+    both: RL = {}
+    request_delta: RL | None = None
+    used_delta: RL | None = None
+    for old, new, was_bound, bound in log:
+        if old is not new:
+            if was_bound and bound:
+                _difference_into(both, old, new)
+                continue
+            if request_delta is None:
+                request_delta = {}
+            _difference_into(request_delta, old, new)
+        if was_bound != bound:
+            if used_delta is None:
+                used_delta = {}
             if was_bound:
                 for key, value in old.items():
                     used_delta[key] = used_delta.get(key, 0) - value
-            if bound:
+            else:
                 for key, value in new.items():
                     used_delta[key] = used_delta.get(key, 0) + value
-        node.sum_log.clear()
-        for name, delta in (
-            ("pod_request", both),
-            ("pod_used", both),
-            ("pod_request", request_delta),
-            ("pod_used", used_delta),
-        ):
-            if delta:
-                store.add(name, row, delta, +1)
+    log.clear()
+    store = state.columns
+    known = store.columns.get
+    for key, value in both.items():
+        if value:
+            _add_both(store, known(key) or store.key(key), row, value)
+    if request_delta:
+        store.add("pod_request", row, request_delta, +1)
+    if used_delta:
+        store.add("pod_used", row, used_delta, +1)
 
 
 def _difference_into(delta: RL, old: RL, new: RL) -> None:

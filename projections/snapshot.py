@@ -161,6 +161,8 @@ def dump_pieces(
         value = copy.values[item.name]
         stored_part = _tree_stored(item) if item.name in _TREES else item.stored
         if isinstance(value, dict | set) and len(value) > entries:
+            if item.name in _FLAT_MAPS:
+                stored_part = _in_order  # the parts come in key order: their stored form
             yield from _keyed_pieces(value, stored_part, entries, run)
         elif isinstance(value, list) and len(value) > entries:
             yield from _listed_pieces(value, stored_part, entries)
@@ -275,6 +277,19 @@ def _layout() -> tuple[tuple[bytes, bytes], list[bytes], list[PersistedField]]:
     return (prefix, suffix), separators, [by_name[name] for name in order]
 
 
+def _in_order(part: dict[str, Any]) -> dict[str, Any]:
+    return part
+
+
+def _flat_map(hint: Any) -> bool:
+    """A ``dict[str, V]`` whose stored form is itself sorted by key (``V`` neither
+    a dict, sorted inside, nor a quota, stored as its configuration)."""
+    if typing.get_origin(hint) is not dict:
+        return False
+    value = typing.get_args(hint)[1]
+    return value is not QuotaNode and typing.get_origin(value) is not dict
+
+
 _COPIERS: dict[str, Callable[[Any], Any]] = {
     item.name: _copier(typing.get_type_hints(ProjectedState)[item.name]) for item in FIELDS
 }
@@ -283,5 +298,9 @@ _TREES = frozenset(
     item.name
     for item in FIELDS
     if typing.get_type_hints(ProjectedState)[item.name] == dict[str, QuotaNode]
+)
+#: Fields whose stored form is the map sorted by key and nothing else.
+_FLAT_MAPS = frozenset(
+    item.name for item in FIELDS if _flat_map(typing.get_type_hints(ProjectedState)[item.name])
 )
 _TOP, _SEPARATORS, _ORDERED = _layout()

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..columns import KeyColumns, QuotaColumns
-from ..pods import flush_sums
+from ..pods import flush_all
 from ..state import ProjectedState
 from .exact import (
     INT64_SUMS,
@@ -106,10 +106,7 @@ def recompute_arrays(state: ProjectedState) -> bool:
     levels = tree.levels
     quotas = state.quotas
     # a quota with unflushed pod changes is dirty (pods.mark_dirty)
-    for name in state.dirty:
-        node = quotas.get(name)
-        if node is not None and (node.sum_log or node.sums_stale):
-            flush_sums(state, node)
+    flush_all(state, state.dirty)
     keys = _keys(state, tree)
     store = state.columns
     store.add_keys(keys)

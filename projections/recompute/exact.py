@@ -132,8 +132,15 @@ def rank_order(row_seg: Any, remainder: Column) -> Any:
         by_remainder = np.array(
             sorted(range(len(remainder)), key=lambda i: -remainder[i]), dtype=np.intp
         )
-    else:
-        by_remainder = np.argsort(-remainder, kind="stable")
+        return by_remainder[np.argsort(row_seg[by_remainder], kind="stable")]
+    if not len(remainder):
+        return np.zeros(0, dtype=np.intp)
+    # one stable sort on (segment, largest remainder first) as one int64 key
+    # when the key fits (remainders are ≥ 0): the same order as the two sorts
+    span = int(remainder.max()) + 1
+    if int(remainder.min()) >= 0 and (int(row_seg.max()) + 1) * span < INT64_SUMS:
+        return np.argsort(row_seg * span + (span - 1 - remainder), kind="stable")
+    by_remainder = np.argsort(-remainder, kind="stable")
     return by_remainder[np.argsort(row_seg[by_remainder], kind="stable")]
 
 

@@ -123,19 +123,24 @@ class LevelTerms:
             )
         return out
 
-    def patch(self, row: int, node: QuotaNode) -> None:
-        """Bring one row up to date with its quota's configuration."""
-        self.configs[row] = node.config
-        self.has_max[row] = node.config.max is not None
-        self.no_lent[row] = not node.config.allow_lent
-        if any(cap > INT64_SUMS for cap in terms_for(node).caps.values()):
-            self.clipped.add(row)
-        else:
-            self.clipped.discard(row)
-        for key, values in self._values(node).items():
+    def patch(self, rows: list[int], nodes: list[QuotaNode]) -> None:
+        """Bring these rows up to date with their quotas' configurations (one
+        assignment per column for all of them; rows distinct)."""
+        for row, node in zip(rows, nodes, strict=True):
+            self.configs[row] = node.config
+            if any(cap > INT64_SUMS for cap in terms_for(node).caps.values()):
+                self.clipped.add(row)
+            else:
+                self.clipped.discard(row)
+        at = np.array(rows, dtype=np.intp)
+        self.has_max[at] = [node.config.max is not None for node in nodes]
+        self.no_lent[at] = [not node.config.allow_lent for node in nodes]
+        every = [self._values(node) for node in nodes]
+        for key in self.keys:
             columns = self.columns[key]
-            for name, value in zip(self.FIELDS, values, strict=True):
-                columns[name][row] = value
+            per_row = [values[key] for values in every]
+            for index, name in enumerate(self.FIELDS):
+                columns[name][at] = [values[index] for values in per_row]
 
 
 class TreeArrays:
@@ -190,6 +195,7 @@ def tree_arrays(state: ProjectedState) -> TreeArrays | None:
         # configuration without changing the shape
         keys = set(cached.keys)
         fresh = True
+        patches: dict[int, tuple[list[int], list[QuotaNode]]] = {}
         for name in sorted(state.reconfigured):
             place = cached.where.get(name)
             if place is None:
@@ -200,9 +206,13 @@ def tree_arrays(state: ProjectedState) -> TreeArrays | None:
                 if not _config_names(node.config) <= keys:
                     fresh = False  # a new resource: rebuild
                     break
-                cached.terms[depth].patch(row, node)
+                rows, nodes = patches.setdefault(depth, ([], []))
+                rows.append(row)
+                nodes.append(node)
         state.reconfigured.clear()
         if fresh:
+            for depth, (rows, nodes) in patches.items():
+                cached.terms[depth].patch(rows, nodes)
             return cached
     levels = _levels(state)
     if levels is None:

@@ -366,3 +366,106 @@ def test_the_float_estimate_is_corrected_both_ways() -> None:
     assert corrected[1].tolist() == [
         a * b - q * d for a, b, d, q in zip(lefts, rights, divisors, exact, strict=True)
     ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 40),
+            st.one_of(st.integers(0, 5), st.integers(0, 2**20), st.integers(0, MAX)),
+        ),
+        max_size=40,
+    )
+)
+def test_the_largest_remainders_order(rows: list[tuple[int, int]]) -> None:
+    """``rank_order`` sorts by segment, then remainder from the largest, then
+    position (the water-fill's tie-break: the smaller quota name), whether its
+    single-key sort applies or not."""
+    import numpy as np
+
+    from quotaledger.projections.recompute.exact import rank_order
+
+    rows = sorted(rows, key=lambda row: row[0])  # a level's rows come by segment
+    segments = np.array([seg for seg, _ in rows], dtype=np.intp)
+    remainders = np.array([rest for _, rest in rows], dtype=np.int64)
+    expected = sorted(range(len(rows)), key=lambda i: (rows[i][0], -rows[i][1], i))
+    assert rank_order(segments, remainders).tolist() == expected
+    assert rank_order(segments, remainders.astype(object)).tolist() == expected
+
+
+def _same_tree_arrays(state: ProjectedState) -> None:
+    """The state's kept tree arrays (patched) equal ones built afresh."""
+    import numpy as np
+
+    from quotaledger.projections.recompute.shape import tree_arrays
+
+    kept = tree_arrays(state)
+    fresh_state = copy.deepcopy(state)
+    fresh_state.tree_arrays = None
+    fresh = tree_arrays(fresh_state)
+    assert (kept is None) == (fresh is None)
+    if kept is None or fresh is None:
+        return
+    assert kept.keys == fresh.keys
+    for mine, theirs in zip(kept.terms, fresh.terms, strict=True):
+        assert mine.configs == theirs.configs
+        assert mine.clipped == theirs.clipped
+        for name in ("is_parent", "has_max", "no_lent"):
+            assert np.array_equal(getattr(mine, name), getattr(theirs, name)), name
+        for key in mine.columns:
+            for name, column in mine.columns[key].items():
+                assert np.array_equal(column, theirs.columns[key][name]), (key, name)
+
+
+def test_tree_arrays_patch_several_quotas_of_a_level_at_once() -> None:
+    """Three leaves of one level reconfigured between two recomputes (numbers
+    only: max set and dropped, lending turned off, mins, weights): patched
+    together, the kept arrays equal a rebuild and the numbers a row recompute."""
+    leaves = ["l1", "l2", "l3", "l4"]
+    tree: list[Event] = [
+        NodeUpserted(name="n", allocatable={"cpu": 100, "memory": 1000}),
+        QuotaUpserted(name="p", is_parent=True, min={"cpu": 40}),
+        *(
+            QuotaUpserted(name=leaf, parent="p", min={"cpu": 10}, max={"cpu": 30})
+            for leaf in leaves
+        ),
+    ]
+    projection = fold(tree)
+    assert recompute_arrays(projection.state)
+    kept = projection.state.tree_arrays
+    edits: list[Event] = [
+        QuotaUpserted(name="l1", parent="p", min={"cpu": 5}),
+        QuotaUpserted(name="l2", parent="p", min={"cpu": 10}, max={"cpu": 20}, allow_lent=False),
+        QuotaUpserted(
+            name="l4",
+            parent="p",
+            min={"cpu": 10},
+            max={"cpu": 30},
+            shared_weight={"cpu": 3},
+            lending_limit={"cpu": 2},
+            borrowing_limit={"cpu": 5},
+        ),
+    ]
+    for offset, event in enumerate(edits, start=len(tree) + 1):
+        projection.apply(offset, offset, event)
+    assert not projection.state.rejected
+    _same_tree_arrays(projection.state)
+    assert projection.state.tree_arrays is kept  # patched, not rebuilt
+    by_rows = copy.deepcopy(projection.state)
+    recompute_all_rows(by_rows)
+    assert recompute_arrays(projection.state)
+    assert derived(projection.state) == derived(by_rows)
+
+
+@PROPERTY
+@given(histories(), st.integers(2, 8))
+def test_tree_arrays_patched_in_batches_equal_a_rebuild(history: list[Event], every: int) -> None:
+    """Recomputed on arrays only every few events, so several quotas may be
+    reconfigured between two recomputes (patched together, per level): the
+    kept tree arrays equal ones built afresh from the same state."""
+    projection = fold([])
+    for offset, event in enumerate(history, start=1):
+        projection.apply(offset, offset, event)
+        if offset % every == 0:
+            _same_tree_arrays(projection.state)

@@ -8,6 +8,7 @@ equal the one a snapshot restore rebuilds from the pods alone.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import msgspec
@@ -19,6 +20,9 @@ from quotaledger.events.ledger import Record
 from quotaledger.projections import Projection
 from quotaledger.projections.snapshot import dump, load
 from tests.projections.test_projection_properties import POD_INDEXES as INDEXES
+
+#: The settle module (``projections.settle`` is also the package's name for its function).
+settling = importlib.import_module("quotaledger.projections.settle")
 
 #: An event as JSON-able data.
 Doc = dict[str, Any]
@@ -114,6 +118,65 @@ def test_pod_sums_after_each_settle_equal_their_pods(history: list[Doc]) -> None
             projection.apply_record(next(folded))
     _check_pod_sums(projection.settled())
     assert not projection.state.rejected
+
+
+#: Upserts that keep a pod active in its quota (``replace_pod`` logs them):
+#: resized, bound and unbound, resources appearing and disappearing.
+resize_upsert = st.fixed_dictionaries(
+    {
+        "kind": st.just("PodUpserted"),
+        "uid": st.sampled_from(PODS),
+        "namespace": st.just("a"),
+        "requests": large_requests,
+        "phase": st.sampled_from(["Pending", "Running", "Running", "Running", "Succeeded"]),
+        "node": st.sampled_from([None, "n0", "n0"]),
+    }
+).map(lambda doc: {**doc, "name": doc["uid"]})
+resize_histories = st.lists(
+    st.one_of(resize_upsert, resize_upsert, resize_upsert, large_upsert, removal, st.just(SETTLE)),
+    min_size=1,
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(resize_histories)
+def test_pod_sums_after_each_bulk_settle_equal_their_pods(history: list[Doc]) -> None:
+    """The same with every settle taking the full recompute (``pods.flush_all``
+    adds each logged change straight into the columns), on histories that
+    mostly resize, bind and unbind active pods, with sums leaving int64."""
+    saved = settling.BULK_MIN_QUOTAS, settling.BULK_FRACTION
+    settling.BULK_MIN_QUOTAS, settling.BULK_FRACTION = 0, 10**9
+    try:
+        test_pod_sums_after_each_settle_equal_their_pods.hypothesis.inner_test(history)  # type: ignore[attr-defined]
+    finally:
+        settling.BULK_MIN_QUOTAS, settling.BULK_FRACTION = saved
+
+
+def test_a_bulk_flush_past_int64_widens_the_resource() -> None:
+    """Four bound pods of 1 byte, settled (int64 columns), then each resized to
+    2^62 - 1 between two settles: the flush's adds leave int64 and the
+    resource's columns turn wide, exact."""
+    small = [
+        {
+            "kind": "PodUpserted",
+            "uid": uid,
+            "name": uid,
+            "namespace": "a",
+            "phase": "Running",
+            "node": "n0",
+            "requests": {"memory": 1},
+        }
+        for uid in PODS
+    ]
+    large = [{**doc, "requests": {"memory": 2**62 - 1}} for doc in small]
+    history: list[Doc] = [*small, SETTLE, *large, SETTLE]
+    saved = settling.BULK_MIN_QUOTAS, settling.BULK_FRACTION
+    settling.BULK_MIN_QUOTAS, settling.BULK_FRACTION = 0, 10**9
+    try:
+        test_pod_sums_after_each_settle_equal_their_pods.hypothesis.inner_test(history)  # type: ignore[attr-defined]
+    finally:
+        settling.BULK_MIN_QUOTAS, settling.BULK_FRACTION = saved
 
 
 def _check_pod_sums(state: Any) -> None:
