@@ -40,7 +40,15 @@ from quotaledger.projections.plans import (
 )
 from quotaledger.projections.resources import RL, add_into
 from quotaledger.projections.state import EvictionRun, ProjectedState
-from quotaledger.projections.timers import Entry, TimerIndex, all_timers, timer_index
+from quotaledger.projections.timers import (
+    DECREASE,
+    OVERUSE,
+    RECLAIM,
+    Entry,
+    TimerIndex,
+    all_timers,
+    timer_index,
+)
 
 #: §8 rule 27: at one instant, quota-decrease before overuse before reclaim.
 CAUSE_ORDER: dict[PreemptionCause, int] = {"quota-decrease": 0, "overuse": 1, "reclaim": 2}
@@ -75,6 +83,15 @@ def _timer(entry: Entry) -> Timer:
 
 def _key(entry: Entry) -> TimerKey:
     return (CAUSES[entry[1]], entry[3], entry[4], entry[0])
+
+
+#: A timer key's source in the index: ``(rank, queue or pod uid)``.
+_RANK: dict[str, int] = {"quota-decrease": DECREASE, "overuse": OVERUSE, "reclaim": RECLAIM}
+
+
+def _source(key: TimerKey) -> tuple[int, str]:
+    cause = key[0]
+    return (RECLAIM, key[2]) if cause == "reclaim" else (_RANK[cause], key[1])
 
 
 def armed_test(state: ProjectedState) -> Callable[[TimerKey], bool]:
@@ -141,6 +158,14 @@ class EngineCore:
     was refused) and :meth:`revisit` (a quota-decrease timer that proposed
     nothing, once the state has moved past the offset it was evaluated at:
     ``empty_at``, DECISIONS 210).
+
+    A look re-tests only the handled timers whose source the fold changed
+    since the last look (the timer index's changed sources) and those handled
+    since; it sweeps them all after anything it cannot follow: the first
+    look, a new state or index, the index rebuilt or its changes taken by
+    another reader, ``handled`` replaced or resized from outside this class
+    (DECISIONS 350). Handled timers are parked in the index, out of the
+    looks' walk.
     """
 
     projection: Projection
@@ -155,11 +180,20 @@ class EngineCore:
     #: quota-decrease timers whose target was empty (§8 rule 21: nothing
     #: proposed): key -> the state offset they were evaluated at (DECISIONS 210)
     empty_at: dict[TimerKey, int] = field(default_factory=dict)
-    #: the last look's sweep: the state, its offset, ``handled`` and a copy of
-    #: its keys then (see :meth:`_look`)
-    _swept: tuple[ProjectedState, int, set[TimerKey], set[TimerKey]] | None = field(
+    #: what the last look left (see :meth:`_look`): the index it read and its
+    #: ``changes`` after the take, ``handled`` and its size then; the handled
+    #: key of each source, and the keys handled since
+    _index: TimerIndex | None = field(default=None, init=False, repr=False, compare=False)
+    _changes: int = field(default=-1, init=False, repr=False, compare=False)
+    _handled_seen: set[TimerKey] | None = field(
         default=None, init=False, repr=False, compare=False
     )
+    _handled_size: int = field(default=0, init=False, repr=False, compare=False)
+    _sources: dict[tuple[int, str], TimerKey] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _added: list[TimerKey] = field(default_factory=list, init=False, repr=False, compare=False)
+    _token: object = field(default_factory=object, init=False, repr=False, compare=False)
 
     @property
     def state(self) -> ProjectedState:
@@ -167,42 +201,127 @@ class EngineCore:
 
     def _look(self) -> TimerIndex:
         """The state's timer index, brought up to date; handled timers that are
-        no longer armed are forgotten (DECISIONS 63), as at every look."""
+        no longer armed are forgotten (DECISIONS 63), as at every look.
+
+        Only the handled timers of the sources the fold changed since the last
+        look, and the keys handled since, are tested again (DECISIONS 350): a
+        timer's being armed reads nothing but its source's clock, hold,
+        ``pod_quota``, quota or deadline and the settings, and every write of
+        those is among the index's changed sources (a settings change
+        rebuilds the index)."""
         state = self.state
         index = timer_index(state)
         handled = self.handled
-        if not handled:
-            self._swept = None
-            return index
-        swept = self._swept
-        keys: set[TimerKey] = handled
         if (
-            swept is not None
-            and swept[0] is state
-            and swept[1] == state.offset
-            and swept[2] is handled
+            index is not self._index
+            or index.changes != self._changes
+            or handled is not self._handled_seen
+            or len(handled) != self._handled_size
+            or index.parker is not self._token
         ):
-            # no record was applied since the last sweep (the fold, which
-            # alone changes what is armed, moves the offset): only the keys
-            # added to ``handled`` since may be unarmed
-            keys = handled - swept[3]
-        if keys:
-            armed = armed_test(state)
-            gone = [key for key in keys if not armed(key)]
+            self._sweep_all(index)
+            return index
+        if not (index.changed_pods or index.changed_queues or self._added):
+            return index
+        pods, queues = index.take_changes()
+        self._changes = index.changes
+        armed = armed_test(state)
+        sources = self._sources
+        park = index.park
+        for uid in pods:
+            source = (RECLAIM, uid)
+            key = sources.get(source)
+            if key is not None:
+                if armed(key):
+                    park(source, key[3], key[1])
+                else:
+                    del sources[source]
+                    handled.discard(key)
+                    index.unpark(source)
+        for queue in queues:
+            for source in ((DECREASE, queue), (OVERUSE, queue)):
+                key = sources.get(source)
+                if key is not None:
+                    if armed(key):
+                        park(source, key[3], key[1])
+                    else:
+                        del sources[source]
+                        handled.discard(key)
+                        index.unpark(source)
+        if self._added:
+            added, self._added = self._added, []
+            for key in added:
+                if key not in handled:
+                    continue  # let go of since (reopened, revisited)
+                source = _source(key)
+                if not armed(key):
+                    handled.discard(key)
+                    continue
+                old = sources.get(source)
+                if old is not None and old != key:
+                    # a source has one armed key: the older one is not
+                    handled.discard(old)
+                    index.unpark(source)
+                sources[source] = key
+                park(source, key[3], key[1])
+        self._handled_size = len(handled)
+        return index
+
+    def _sweep_all(self, index: TimerIndex) -> None:
+        """Test every handled timer, and park those that stay (a look that
+        cannot follow what changed: see :meth:`_look`)."""
+        handled = self.handled
+        index.take_changes()
+        index.unpark_all(self._token)
+        self._index = index
+        self._changes = index.changes
+        self._added = []
+        sources: dict[tuple[int, str], TimerKey] = {}
+        if handled:
+            armed = armed_test(self.state)
+            gone = [key for key in handled if not armed(key)]
             for key in gone:
                 handled.discard(key)
-        self._swept = (state, state.offset, handled, set(handled))
-        return index
+            park = index.park
+            for key in handled:
+                source = _source(key)
+                sources[source] = key
+                park(source, key[3], key[1])
+        self._sources = sources
+        self._handled_seen = handled
+        self._handled_size = len(handled)
+
+    def _handle(self, key: TimerKey) -> None:
+        """``key`` is handled: proposed once (tested and parked at the next look)."""
+        handled = self.handled
+        if key not in handled:
+            handled.add(key)
+            self._added.append(key)
+            if handled is self._handled_seen:
+                self._handled_size += 1
+
+    def _let_go(self, key: TimerKey) -> None:
+        """``key`` is pending again (while armed): out of ``handled`` and of the park."""
+        handled = self.handled
+        if key in handled:
+            handled.discard(key)
+            if handled is self._handled_seen:
+                self._handled_size -= 1
+            source = _source(key)
+            if self._sources.get(source) == key:
+                del self._sources[source]
+                index = self._index
+                if index is not None and index.parker is self._token:
+                    index.unpark(source)
 
     def _waiting(self, index: TimerIndex) -> Iterator[Entry]:
         """The armed timers not handled, fresh, by deadline (after
-        :meth:`_look`). A handled key is skipped on the index's entry as it
-        stands, before the entry is freshened: after the look's sweep every
-        handled key is armed, and a source has one armed key, so an entry
-        whose key is handled freshens to that same key (a stale depth aside)
-        and would be skipped anyway. The handled timers that stay armed (a
-        starving pod no victim helped) thus cost a set lookup per look, not
-        a re-read of the state."""
+        :meth:`_look`). Handled timers are parked out of ``index.entries``
+        where the index's entry is their key; any other entry whose key is
+        handled is skipped on the entry as it stands, before it is freshened:
+        after the look's sweep every handled key is armed, and a source has
+        one armed key, so an entry whose key is handled freshens to that same
+        key (a stale depth aside) and would be skipped anyway."""
         state = self.state
         handled = self.handled
         if not handled:
@@ -303,7 +422,7 @@ class EngineCore:
         state = self.state
         if timer.queue in state.occupied:
             return []
-        self.handled.add(timer.key)
+        self._handle(timer.key)
         if timer.queue not in state.quotas:
             return []
         plan = self.plan(timer)
@@ -381,7 +500,7 @@ class EngineCore:
             # accepted (ours, or an identical proposal of another engine)
             self.backoff.pop(key, None)
             return
-        self.handled.discard(timer.key)
+        self._let_go(timer.key)
         if now is None:
             return
         refusals = self.backoff.get(key, (0, 0))[0] + 1
@@ -411,7 +530,7 @@ class EngineCore:
         for key, at in list(self.empty_at.items()):
             if at != offset:
                 del self.empty_at[key]
-                self.handled.discard(key)
+                self._let_go(key)
 
     def _forget_disarmed(self) -> None:
         deadlines = self.state.decrease_deadlines

@@ -28,6 +28,7 @@ from .state import (
     ProjectedState,
     QuotaNode,
 )
+from .timers import touch_pod
 
 
 def compact(pod: PodUpserted, old: PodUpserted | None) -> None:
@@ -190,6 +191,7 @@ def attach_pod(state: ProjectedState, pod: PodUpserted) -> None:
     uid = pod.uid
     name = quota_for(state, pod)
     state.pod_quota[uid] = name
+    touch_pod(state, uid)  # a reclaim timer's queue (DECISIONS 350)
     state.namespace_pods.setdefault(pod.namespace, set()).add(uid)
     if pod.quota is not None:
         state.field_pods.setdefault(pod.quota, set()).add(uid)
@@ -206,6 +208,7 @@ def detach_pod(state: ProjectedState, pod: PodUpserted) -> None:
     """Undo :func:`attach_pod` for a pod that was active."""
     uid = pod.uid
     name = state.pod_quota.pop(uid)
+    touch_pod(state, uid)
     discard_member(state.namespace_pods, pod.namespace, uid)
     if pod.quota is not None:
         discard_member(state.field_pods, pod.quota, uid)
