@@ -57,7 +57,9 @@ def check_look(core: EngineCore, counts: dict[str, int]) -> None:
         counts["parked"] += 1
     walked = sorted([*index.entries, *index.parked.values()])
     assert walked == sorted(index.by_source.values())
-    live = {(entry[1], entry[4] if entry[1] == RECLAIM else entry[3]) for entry in all_timers(state)}
+    live = {
+        (entry[1], entry[4] if entry[1] == RECLAIM else entry[3]) for entry in all_timers(state)
+    }
     assert live <= index.by_source.keys()
 
 
