@@ -191,7 +191,6 @@ def attach_pod(state: ProjectedState, pod: PodUpserted) -> None:
     uid = pod.uid
     name = quota_for(state, pod)
     state.pod_quota[uid] = name
-    touch_pod(state, uid)  # a reclaim timer's queue (DECISIONS 350)
     state.namespace_pods.setdefault(pod.namespace, set()).add(uid)
     if pod.quota is not None:
         state.field_pods.setdefault(pod.quota, set()).add(uid)
@@ -208,6 +207,8 @@ def detach_pod(state: ProjectedState, pod: PodUpserted) -> None:
     """Undo :func:`attach_pod` for a pod that was active."""
     uid = pod.uid
     name = state.pod_quota.pop(uid)
+    # a reclaim timer's queue (DECISIONS 350); attach needs no mark: a pod
+    # with an armed timer is attached, so its quota changes by a detach first
     touch_pod(state, uid)
     discard_member(state.namespace_pods, pod.namespace, uid)
     if pod.quota is not None:

@@ -22,7 +22,14 @@ from hypothesis import strategies as st
 from quotaledger.engine.core import CAUSES, EngineCore, TimerKey, armed_test, timers
 from quotaledger.engine.simulate import Simulation
 from quotaledger.events.codec import encode_event
-from quotaledger.events.model import Event
+from quotaledger.events.model import (
+    ClocksObserved,
+    Event,
+    PodUpserted,
+    QuotaRemoved,
+    QuotaUpserted,
+    SettingsChanged,
+)
 from quotaledger.projections import Projection
 from quotaledger.projections.snapshot import dump, load
 from quotaledger.projections.timers import RECLAIM, TimerIndex, all_timers
@@ -142,3 +149,57 @@ def test_a_key_handled_from_outside_is_swept() -> None:
     core.handled = {*core.handled, never}
     core.pending()
     assert never not in core.handled
+
+
+T0 = 1_767_225_600_000
+
+
+def handled_overuse() -> tuple[Simulation, TimerKey]:
+    """A quota whose owing clock runs though it no longer owes (no sample
+    since): its overuse timer fires, proposes nothing and stays handled."""
+    simulation = Simulation()
+    simulation.append_event(T0, SettingsChanged(revoke_after_s=1.0))
+    simulation.append_event(T0, QuotaUpserted(name="q", min={"cpu": 1}))
+    simulation.append_event(T0, ClocksObserved(basis=2, owing_started={"q": T0}))
+    core = simulation.core
+    (timer,) = core.due(T0 + 1000)
+    assert core.propose(timer) == []
+    core.pending()
+    assert timer.key in core.handled
+    return simulation, timer.key
+
+
+def test_an_owing_clock_stopped_lets_its_handled_timer_go() -> None:
+    simulation, key = handled_overuse()
+    simulation.append_event(T0 + 1000, ClocksObserved(basis=3, owing_stopped=["q"]))
+    simulation.core.pending()
+    assert key not in simulation.core.handled
+
+
+def test_a_quota_removed_lets_its_handled_timer_go() -> None:
+    simulation, key = handled_overuse()
+    simulation.append_event(T0 + 1000, QuotaRemoved(name="q"))
+    simulation.core.pending()
+    assert key not in simulation.core.handled
+
+
+def test_a_starving_pod_moved_to_another_quota_is_pending_again() -> None:
+    """A starving pod whose reclaim found nothing stays handled (and parked);
+    moved to another quota its timer is that quota's, pending again."""
+    simulation = Simulation()
+    simulation.append_event(T0, SettingsChanged(reclaim_after_s=1.0))
+    for name in ("a", "b"):
+        simulation.append_event(T0, QuotaUpserted(name=name, min={"cpu": 4}))
+    pod = PodUpserted(uid="p", name="p", namespace="a", requests={"cpu": 1})
+    simulation.append_event(T0, pod)
+    simulation.append_event(T0, ClocksObserved(basis=4, starving_started={"p": T0}))
+    core = simulation.core
+    (timer,) = core.due(T0 + 1000)
+    assert timer.queue == "a"
+    assert core.propose(timer) == []
+    assert core.pending() == []
+    assert timer.key in core.handled
+    moved = PodUpserted(uid="p", name="p", namespace="b", requests={"cpu": 1})
+    simulation.append_event(T0 + 1000, moved)
+    assert [(t.queue, t.pod_uid) for t in core.pending()] == [("b", "p")]
+    assert core.handled == set()
