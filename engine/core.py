@@ -17,7 +17,7 @@ restart never postpones one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from quotaledger.events.model import (
@@ -40,21 +40,12 @@ from quotaledger.projections.plans import (
 )
 from quotaledger.projections.resources import RL, add_into
 from quotaledger.projections.state import EvictionRun, ProjectedState
-from quotaledger.projections.timers import (
-    DECREASE,
-    OVERUSE,
-    RECLAIM,
-    Entry,
-    TimerIndex,
-    all_timers,
-    timer_index,
-)
+from quotaledger.projections.timers import Entry, TimerIndex, all_timers
+
+from .handled import CAUSES, HandledSweep, TimerKey
 
 #: §8 rule 27: at one instant, quota-decrease before overuse before reclaim.
 CAUSE_ORDER: dict[PreemptionCause, int] = {"quota-decrease": 0, "overuse": 1, "reclaim": 2}
-
-#: A timer's identity: (cause, queue, pod_uid, deadline).
-TimerKey = tuple[PreemptionCause, str, str, int]
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -73,61 +64,12 @@ class Timer:
         return (self.cause, self.queue, self.pod_uid, self.deadline)
 
 
-#: Cause by rank (``projections.timers`` entries carry the rank).
-CAUSES: tuple[PreemptionCause, ...] = ("quota-decrease", "overuse", "reclaim")
-
-
 def _timer(entry: Entry) -> Timer:
     return Timer(entry[0], entry[1], entry[2], entry[3], entry[4], CAUSES[entry[1]])
 
 
 def _key(entry: Entry) -> TimerKey:
     return (CAUSES[entry[1]], entry[3], entry[4], entry[0])
-
-
-#: A timer key's source in the index: ``(rank, queue or pod uid)``.
-_RANK: dict[str, int] = {"quota-decrease": DECREASE, "overuse": OVERUSE, "reclaim": RECLAIM}
-
-
-def _source(key: TimerKey) -> tuple[int, str]:
-    cause = key[0]
-    return (RECLAIM, key[2]) if cause == "reclaim" else (_RANK[cause], key[1])
-
-
-def armed_test(state: ProjectedState) -> Callable[[TimerKey], bool]:
-    """A test of whether a timer key is among :func:`timers` now, reading the
-    state's maps directly (no listing)."""
-    settings = state.settings
-    decrease = settings.quota_preemption_enabled
-    revoke_after = round(settings.revoke_after_s * 1000) if settings.revoke_enabled else None
-    reclaim_after = round(settings.reclaim_after_s * 1000) if settings.reclaim_enabled else None
-    deadlines, quotas = state.decrease_deadlines, state.quotas
-    owing, owing_held = state.owing_since, state.owing_held
-    starving, starving_held, pod_quota = state.starving_since, state.starving_held, state.pod_quota
-
-    def armed(key: TimerKey) -> bool:
-        cause, queue, pod_uid, deadline = key
-        if cause == "quota-decrease":
-            return decrease and deadlines.get(queue) == deadline
-        if cause == "overuse":
-            since = owing.get(queue)
-            return (
-                revoke_after is not None
-                and since is not None
-                and since + revoke_after == deadline
-                and queue not in owing_held
-                and queue in quotas
-            )
-        since = starving.get(pod_uid)
-        return (
-            reclaim_after is not None
-            and since is not None
-            and since + reclaim_after == deadline
-            and pod_uid not in starving_held
-            and pod_quota.get(pod_uid) == queue
-        )
-
-    return armed
 
 
 def timers(state: ProjectedState) -> list[Timer]:
@@ -180,20 +122,10 @@ class EngineCore:
     #: quota-decrease timers whose target was empty (§8 rule 21: nothing
     #: proposed): key -> the state offset they were evaluated at (DECISIONS 210)
     empty_at: dict[TimerKey, int] = field(default_factory=dict)
-    #: what the last look left (see :meth:`_look`): the index it read and its
-    #: ``changes`` after the take, ``handled`` and its size then; the handled
-    #: key of each source, and the keys handled since
-    _index: TimerIndex | None = field(default=None, init=False, repr=False, compare=False)
-    _changes: int = field(default=-1, init=False, repr=False, compare=False)
-    _handled_seen: set[TimerKey] | None = field(
-        default=None, init=False, repr=False, compare=False
+    #: the look's bookkeeping of ``handled`` (DECISIONS 350)
+    _sweep: HandledSweep = field(
+        default_factory=HandledSweep, init=False, repr=False, compare=False
     )
-    _handled_size: int = field(default=0, init=False, repr=False, compare=False)
-    _sources: dict[tuple[int, str], TimerKey] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
-    _added: list[TimerKey] = field(default_factory=list, init=False, repr=False, compare=False)
-    _token: object = field(default_factory=object, init=False, repr=False, compare=False)
 
     @property
     def state(self) -> ProjectedState:
@@ -201,118 +133,10 @@ class EngineCore:
 
     def _look(self) -> TimerIndex:
         """The state's timer index, brought up to date; handled timers that are
-        no longer armed are forgotten (DECISIONS 63), as at every look.
-
-        Only the handled timers of the sources the fold changed since the last
-        look, and the keys handled since, are tested again (DECISIONS 350): a
-        timer's being armed reads nothing but its source's clock, hold,
-        ``pod_quota``, quota or deadline and the settings, and every write of
-        those is among the index's changed sources (a settings change
-        rebuilds the index)."""
-        state = self.state
-        index = timer_index(state)
-        handled = self.handled
-        if (
-            index is not self._index
-            or index.changes != self._changes
-            or handled is not self._handled_seen
-            or len(handled) != self._handled_size
-            or index.parker is not self._token
-        ):
-            self._sweep_all(index)
-            return index
-        if not (index.changed_pods or index.changed_queues or self._added):
-            return index
-        pods, queues = index.take_changes()
-        self._changes = index.changes
-        armed = armed_test(state)
-        sources = self._sources
-        park = index.park
-        for uid in pods:
-            source = (RECLAIM, uid)
-            key = sources.get(source)
-            if key is not None:
-                if armed(key):
-                    park(source, key[3], key[1])
-                else:
-                    del sources[source]
-                    handled.discard(key)
-                    index.unpark(source)
-        for queue in queues:
-            for source in ((DECREASE, queue), (OVERUSE, queue)):
-                key = sources.get(source)
-                if key is not None:
-                    if armed(key):
-                        park(source, key[3], key[1])
-                    else:
-                        del sources[source]
-                        handled.discard(key)
-                        index.unpark(source)
-        if self._added:
-            added, self._added = self._added, []
-            for key in added:
-                if key not in handled:
-                    continue  # let go of since (reopened, revisited)
-                source = _source(key)
-                if not armed(key):
-                    handled.discard(key)
-                    continue
-                old = sources.get(source)
-                if old is not None and old != key:
-                    # a source has one armed key: the older one is not
-                    handled.discard(old)
-                    index.unpark(source)
-                sources[source] = key
-                park(source, key[3], key[1])
-        self._handled_size = len(handled)
-        return index
-
-    def _sweep_all(self, index: TimerIndex) -> None:
-        """Test every handled timer, and park those that stay (a look that
-        cannot follow what changed: see :meth:`_look`)."""
-        handled = self.handled
-        index.take_changes()
-        index.unpark_all(self._token)
-        self._index = index
-        self._changes = index.changes
-        self._added = []
-        sources: dict[tuple[int, str], TimerKey] = {}
-        if handled:
-            armed = armed_test(self.state)
-            gone = [key for key in handled if not armed(key)]
-            for key in gone:
-                handled.discard(key)
-            park = index.park
-            for key in handled:
-                source = _source(key)
-                sources[source] = key
-                park(source, key[3], key[1])
-        self._sources = sources
-        self._handled_seen = handled
-        self._handled_size = len(handled)
-
-    def _handle(self, key: TimerKey) -> None:
-        """``key`` is handled: proposed once (tested and parked at the next look)."""
-        handled = self.handled
-        if key not in handled:
-            handled.add(key)
-            self._added.append(key)
-            if handled is self._handled_seen:
-                self._handled_size += 1
-
-    def _let_go(self, key: TimerKey) -> None:
-        """``key`` is pending again (while armed): out of ``handled`` and of the park."""
-        handled = self.handled
-        if key in handled:
-            handled.discard(key)
-            if handled is self._handled_seen:
-                self._handled_size -= 1
-            source = _source(key)
-            if self._sources.get(source) == key:
-                del self._sources[source]
-                index = self._index
-                if index is not None and index.parker is self._token:
-                    index.unpark(source)
+        no longer armed are forgotten (DECISIONS 63), as at every look: those
+        whose source the fold changed since the last look, and those handled
+        since, are tested again (``engine.handled``, DECISIONS 350)."""
+        return self._sweep.look(self.state, self.handled)
 
     def _waiting(self, index: TimerIndex) -> Iterator[Entry]:
         """The armed timers not handled, fresh, by deadline (after
@@ -422,7 +246,7 @@ class EngineCore:
         state = self.state
         if timer.queue in state.occupied:
             return []
-        self._handle(timer.key)
+        self._sweep.handle(self.handled, timer.key)
         if timer.queue not in state.quotas:
             return []
         plan = self.plan(timer)
@@ -500,7 +324,7 @@ class EngineCore:
             # accepted (ours, or an identical proposal of another engine)
             self.backoff.pop(key, None)
             return
-        self._let_go(timer.key)
+        self._sweep.let_go(self.handled, timer.key)
         if now is None:
             return
         refusals = self.backoff.get(key, (0, 0))[0] + 1
@@ -530,7 +354,7 @@ class EngineCore:
         for key, at in list(self.empty_at.items()):
             if at != offset:
                 del self.empty_at[key]
-                self._let_go(key)
+                self._sweep.let_go(self.handled, key)
 
     def _forget_disarmed(self) -> None:
         deadlines = self.state.decrease_deadlines

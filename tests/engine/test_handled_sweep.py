@@ -19,7 +19,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quotaledger.engine.core import CAUSES, EngineCore, TimerKey, armed_test, timers
+from quotaledger.engine.core import EngineCore, timers
+from quotaledger.engine.handled import CAUSES, TimerKey, armed_test
 from quotaledger.engine.simulate import Simulation
 from quotaledger.events.codec import encode_event
 from quotaledger.events.model import (
@@ -42,7 +43,7 @@ def check_look(core: EngineCore, counts: dict[str, int]) -> None:
     state = core.state
     armed = armed_test(state)
     expected = {key for key in core.handled if armed(key)}
-    incremental = core._index is not None and core._handled_seen is core.handled
+    incremental = core._sweep.index is not None and core._sweep.seen is core.handled
     pending = core.pending()
     assert core.handled == expected
     counts["incremental" if incremental else "full"] += 1
