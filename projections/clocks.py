@@ -66,11 +66,17 @@ def is_owing(node: QuotaNode) -> bool:
     """A connected leaf (not system/default) holding more than its runtime
     (``owed`` not empty)."""
     config = node.config
-    if config.is_parent or not node.connected or config.name in BUILTIN:
+    store = node.store
+    if config.is_parent or not node.connected or config.name in BUILTIN or store is None:
         return False
     cap = config.max
+    row = node.row
     if cap is None:
-        return bool(owed(node))
+        # owed's used − runtime, read from the row
+        for columns in store.by_key:
+            if columns.used[row] > columns.runtime[row]:
+                return True
+        return False
     for key, limit in cap.items():
         held, runtime_of = _numbers(node, key)
         if min(held, limit) > runtime_of:
@@ -276,16 +282,22 @@ def _owing_changes(state: ProjectedState, now: int | None) -> tuple[dict[str, in
         if node is None:
             owing = False
         else:
-            # is_owing, with the row read in place
+            # is_owing, with the row read in place (no store: no numbers)
             config = node.config
             cap = config.max
-            if config.is_parent or not node.connected or name in BUILTIN:
-                owing = False
-            elif cap is None or node.store is None:
-                owing = is_owing(node)
+            store = node.store
+            owing = False
+            if config.is_parent or not node.connected or name in BUILTIN or store is None:
+                pass
+            elif cap is None:
+                # owed's used − runtime over every resource of the row
+                row = node.row
+                for columns in store.by_key:
+                    if columns.used[row] > columns.runtime[row]:
+                        owing = True
+                        break
             else:
-                owing = False
-                by_key, row = node.store.columns, node.row
+                by_key, row = store.columns, node.row
                 for key, limit in cap.items():
                     columns = by_key.get(key)
                     if columns is not None:

@@ -23,6 +23,7 @@ from quotaledger.projections.clocks import (
     observation,
 )
 from quotaledger.projections.snapshot import dump, load
+from quotaledger.projections.state import BUILTIN, QuotaNode
 
 
 class EngineSampler:
@@ -102,9 +103,24 @@ contended = st.lists(
 gaps = st.lists(st.sampled_from([0, 300, 1000, 1000, 1000, 2500]), min_size=40, max_size=40)
 
 
+def _owes(node: QuotaNode) -> bool:
+    """§8 rule 28 read literally from the quota's dicts: a connected leaf (not
+    system/default) with ``min(used, max) > runtime`` on a resource its max
+    lists (every resource when max is null)."""
+    config = node.config
+    if config.is_parent or not node.connected or config.name in BUILTIN:
+        return False
+    used, runtime = node.used, node.runtime
+    if config.max is None:
+        return any(used.get(k, 0) > runtime.get(k, 0) for k in used.keys() | runtime.keys())
+    return any(min(used.get(k, 0), cap) > runtime.get(k, 0) for k, cap in config.max.items())
+
+
 def _owing_now(projection: Projection) -> set[str]:
     copy = load(dump(projection.state))
-    return {name for name, node in copy.quotas.items() if is_owing(node)}
+    owing = {name for name, node in copy.quotas.items() if _owes(node)}
+    assert owing == {name for name, node in copy.quotas.items() if is_owing(node)}
+    return owing
 
 
 def _starving_now(projection: Projection) -> set[str]:
