@@ -73,10 +73,7 @@ def is_owing(node: QuotaNode) -> bool:
     row = node.row
     if cap is None:
         # owed's used − runtime, read from the row
-        for columns in store.by_key:
-            if columns.used[row] > columns.runtime[row]:
-                return True
-        return False
+        return any(columns.used[row] > columns.runtime[row] for columns in store.by_key)
     for key, limit in cap.items():
         held, runtime_of = _numbers(node, key)
         if min(held, limit) > runtime_of:
