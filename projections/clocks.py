@@ -177,15 +177,18 @@ def _starving_changes(
     clocks = state.starving_since
     if not state.settings.reclaim_enabled:
         return {}, set(clocks)
+    covered = all(
+        free.get(key, 0) >= amounts[-1] for key, amounts in state.pending_amounts.items() if amounts
+    )
+    if covered and not clocks:
+        return {}, set()  # none starves (below), and no clock runs to stop
     if state.starving_full:
         recheck = set(state.pending_pods) | set(clocks)
     else:
         recheck = state.touched_pods | _flipped(state, free)
         for name in state.touched:
             recheck |= state.pending_by_quota.get(name, set())
-    if all(
-        free.get(key, 0) >= amounts[-1] for key, amounts in state.pending_amounts.items() if amounts
-    ):
+    if covered:
         # free capacity covers the largest request of every pending pod: none starves
         return {}, recheck & clocks.keys()
     started: dict[str, int] = {}
