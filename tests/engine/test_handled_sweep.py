@@ -33,7 +33,7 @@ from quotaledger.events.model import (
 )
 from quotaledger.projections import Projection
 from quotaledger.projections.snapshot import dump, load
-from quotaledger.projections.timers import RECLAIM, TimerIndex, all_timers
+from quotaledger.projections.timers import RECLAIM, TimerIndex, all_timers, timer_index
 from tests.scenarios import engine_facts
 from tests.simulate_corpus import case
 
@@ -204,3 +204,29 @@ def test_a_starving_pod_moved_to_another_quota_is_pending_again() -> None:
     simulation.append_event(T0 + 1000, moved)
     assert [(t.queue, t.pod_uid) for t in core.pending()] == [("b", "p")]
     assert core.handled == set()
+
+
+def test_a_parked_entry_leaves_the_park_when_its_timer_key_changes() -> None:
+    """The index's own rule, whatever its reader does: a parked entry stays
+    parked while its timer key (deadline, queue) does, and is walked again
+    once its clock restarts; a clock that stops takes its parked entry along."""
+    simulation = Simulation()
+    simulation.append_event(T0, SettingsChanged(reclaim_after_s=1.0))
+    simulation.append_event(T0, QuotaUpserted(name="a", min={"cpu": 4}))
+    simulation.append_event(T0, PodUpserted(uid="p", name="p", namespace="a", requests={"cpu": 1}))
+    simulation.append_event(T0, ClocksObserved(basis=3, starving_started={"p": T0}))
+    state = simulation.projection.state
+    index = timer_index(state)
+    source = (RECLAIM, "p")
+    entry = index.by_source[source]
+    index.park(source, entry[0], entry[3])
+    assert index.parked == {source: entry} and entry not in index.entries
+    simulation.append_event(T0 + 10, ClocksObserved(basis=4, starving_stopped=["p"]))
+    simulation.append_event(T0 + 10, ClocksObserved(basis=5, starving_started={"p": T0 + 10}))
+    index = timer_index(state)
+    moved = index.by_source[source]
+    assert moved[0] == T0 + 1010 and not index.parked and index.entries == [moved]
+    index.park(source, moved[0], moved[3])
+    simulation.append_event(T0 + 20, ClocksObserved(basis=6, starving_stopped=["p"]))
+    index = timer_index(state)
+    assert not index.parked and not index.entries and source not in index.by_source
