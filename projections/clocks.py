@@ -46,11 +46,14 @@ def owed(node: QuotaNode) -> RL:
     cap = node.config.max
     out: RL = {}
     if cap is None:
-        used, runtime = node.used, node.runtime
-        for key in sorted(used.keys() | runtime.keys()):
-            gap = used.get(key, 0) - runtime.get(key, 0)
-            if gap > 0:
-                out[key] = gap
+        store = node.store
+        if store is not None:
+            # used − runtime over the row's resources, which ``by_key`` sorts
+            row = node.row
+            for columns in store.by_key:
+                gap = columns.used[row] - columns.runtime[row]
+                if gap > 0:
+                    out[columns.key] = gap
         return out
     for key, limit in cap.items():
         held, runtime_of = _numbers(node, key)

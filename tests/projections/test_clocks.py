@@ -21,6 +21,7 @@ from quotaledger.projections.clocks import (
     is_owing,
     is_starving,
     observation,
+    owed,
 )
 from quotaledger.projections.snapshot import dump, load
 from quotaledger.projections.state import BUILTIN, QuotaNode
@@ -116,10 +117,24 @@ def _owes(node: QuotaNode) -> bool:
     return any(min(used.get(k, 0), cap) > runtime.get(k, 0) for k, cap in config.max.items())
 
 
+def _owed(node: QuotaNode) -> dict[str, int]:
+    """``owed`` read from the quota's dicts: ``min(used, max) − runtime`` where
+    positive, in max's order (sorted when max is null), key order included."""
+    used, runtime, cap = node.used, node.runtime, node.config.max
+    keys = sorted(used.keys() | runtime.keys()) if cap is None else list(cap)
+    gaps = [
+        (k, min(used.get(k, 0), (cap or {}).get(k, used.get(k, 0))) - runtime.get(k, 0))
+        for k in keys
+    ]
+    return {k: gap for k, gap in gaps if gap > 0}
+
+
 def _owing_now(projection: Projection) -> set[str]:
     copy = load(dump(projection.state))
     owing = {name for name, node in copy.quotas.items() if _owes(node)}
     assert owing == {name for name, node in copy.quotas.items() if is_owing(node)}
+    for node in copy.quotas.values():
+        assert list(owed(node).items()) == list(_owed(node).items())
     return owing
 
 
