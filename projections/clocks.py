@@ -295,8 +295,8 @@ def _owing_changes(state: ProjectedState, now: int | None) -> tuple[dict[str, in
             elif cap is None:
                 # owed's used − runtime over every resource of the row
                 row = node.row
-                for columns in store.by_key:
-                    if columns.used[row] > columns.runtime[row]:
+                for key_columns in store.by_key:
+                    if key_columns.used[row] > key_columns.runtime[row]:
                         owing = True
                         break
             else:
