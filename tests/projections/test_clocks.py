@@ -14,6 +14,7 @@ from quotaledger.events.model import (
     PodRemoved,
     PodUpserted,
     QuotaUpserted,
+    SettingsChanged,
 )
 from quotaledger.projections import Projection
 from quotaledger.projections.clocks import (
@@ -258,3 +259,33 @@ def test_pods_that_stop_pending_without_a_clock_are_not_kept_for_the_next_sample
             projection.apply(offset, offset, event)
     assert projection.state.touched_pods == set()
     assert projection.state.pending_pods == set()
+
+
+def test_a_quota_changed_while_reclaim_is_off_is_read_afresh() -> None:
+    """Samples with reclaim off consume the change bookkeeping without reading
+    any pod or quota; switched on again, the sample reads everything afresh
+    (nothing kept from before is trusted: DECISIONS 353)."""
+    sampler = EngineSampler()
+    events: list[tuple[int, Event]] = [
+        (1000, NodeUpserted(name="n", allocatable={"cpu": 4})),
+        (1000, QuotaUpserted(name="a", min={"cpu": 2})),
+        (1000, QuotaUpserted(name="b", min={"cpu": 2})),
+        (
+            1000,
+            PodUpserted(
+                uid="r", name="r", namespace="b", requests={"cpu": 4}, phase="Running", node="n"
+            ),
+        ),
+        (1000, PodUpserted(uid="w", name="w", namespace="a", requests={"cpu": 2})),
+        (2000, SettingsChanged(reclaim_enabled=False)),
+        (3000, QuotaUpserted(name="a", min={"cpu": 1}, max={"cpu": 1})),
+        (4000, SettingsChanged(reclaim_enabled=True)),
+        (5000, NodeUpserted(name="n2", allocatable={"cpu": 0})),
+    ]
+    starving: list[set[str]] = []
+    for ts, event in events:
+        sampler.apply(ts, event)
+        starving.append(set(sampler.state.starving_since))
+    assert starving[5] == {"w"}  # a has room for w, the cluster has none
+    # a's max now leaves no room for w: no clock starts once reclaim is back
+    assert set(sampler.state.starving_since) == _starving_now(sampler.projection) == set()
