@@ -17,7 +17,7 @@ restart never postpones one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from quotaledger.events.model import (
@@ -40,13 +40,12 @@ from quotaledger.projections.plans import (
 )
 from quotaledger.projections.resources import RL, add_into
 from quotaledger.projections.state import EvictionRun, ProjectedState
-from quotaledger.projections.timers import Entry, TimerIndex, all_timers, timer_index
+from quotaledger.projections.timers import Entry, TimerIndex, all_timers
+
+from .handled import CAUSES, HandledSweep, TimerKey
 
 #: §8 rule 27: at one instant, quota-decrease before overuse before reclaim.
 CAUSE_ORDER: dict[PreemptionCause, int] = {"quota-decrease": 0, "overuse": 1, "reclaim": 2}
-
-#: A timer's identity: (cause, queue, pod_uid, deadline).
-TimerKey = tuple[PreemptionCause, str, str, int]
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -65,52 +64,12 @@ class Timer:
         return (self.cause, self.queue, self.pod_uid, self.deadline)
 
 
-#: Cause by rank (``projections.timers`` entries carry the rank).
-CAUSES: tuple[PreemptionCause, ...] = ("quota-decrease", "overuse", "reclaim")
-
-
 def _timer(entry: Entry) -> Timer:
     return Timer(entry[0], entry[1], entry[2], entry[3], entry[4], CAUSES[entry[1]])
 
 
 def _key(entry: Entry) -> TimerKey:
     return (CAUSES[entry[1]], entry[3], entry[4], entry[0])
-
-
-def armed_test(state: ProjectedState) -> Callable[[TimerKey], bool]:
-    """A test of whether a timer key is among :func:`timers` now, reading the
-    state's maps directly (no listing)."""
-    settings = state.settings
-    decrease = settings.quota_preemption_enabled
-    revoke_after = round(settings.revoke_after_s * 1000) if settings.revoke_enabled else None
-    reclaim_after = round(settings.reclaim_after_s * 1000) if settings.reclaim_enabled else None
-    deadlines, quotas = state.decrease_deadlines, state.quotas
-    owing, owing_held = state.owing_since, state.owing_held
-    starving, starving_held, pod_quota = state.starving_since, state.starving_held, state.pod_quota
-
-    def armed(key: TimerKey) -> bool:
-        cause, queue, pod_uid, deadline = key
-        if cause == "quota-decrease":
-            return decrease and deadlines.get(queue) == deadline
-        if cause == "overuse":
-            since = owing.get(queue)
-            return (
-                revoke_after is not None
-                and since is not None
-                and since + revoke_after == deadline
-                and queue not in owing_held
-                and queue in quotas
-            )
-        since = starving.get(pod_uid)
-        return (
-            reclaim_after is not None
-            and since is not None
-            and since + reclaim_after == deadline
-            and pod_uid not in starving_held
-            and pod_quota.get(pod_uid) == queue
-        )
-
-    return armed
 
 
 def timers(state: ProjectedState) -> list[Timer]:
@@ -141,6 +100,14 @@ class EngineCore:
     was refused) and :meth:`revisit` (a quota-decrease timer that proposed
     nothing, once the state has moved past the offset it was evaluated at:
     ``empty_at``, DECISIONS 210).
+
+    A look re-tests only the handled timers whose source the fold changed
+    since the last look (the timer index's changed sources) and those handled
+    since; it sweeps them all after anything it cannot follow: the first
+    look, a new state or index, the index rebuilt or its changes taken by
+    another reader, ``handled`` replaced or resized from outside this class
+    (DECISIONS 350). Handled timers are parked in the index, out of the
+    looks' walk.
     """
 
     projection: Projection
@@ -155,10 +122,9 @@ class EngineCore:
     #: quota-decrease timers whose target was empty (§8 rule 21: nothing
     #: proposed): key -> the state offset they were evaluated at (DECISIONS 210)
     empty_at: dict[TimerKey, int] = field(default_factory=dict)
-    #: the last look's sweep: the state, its offset, ``handled`` and a copy of
-    #: its keys then (see :meth:`_look`)
-    _swept: tuple[ProjectedState, int, set[TimerKey], set[TimerKey]] | None = field(
-        default=None, init=False, repr=False, compare=False
+    #: the look's bookkeeping of ``handled`` (DECISIONS 350)
+    _sweep: HandledSweep = field(
+        default_factory=HandledSweep, init=False, repr=False, compare=False
     )
 
     @property
@@ -167,42 +133,19 @@ class EngineCore:
 
     def _look(self) -> TimerIndex:
         """The state's timer index, brought up to date; handled timers that are
-        no longer armed are forgotten (DECISIONS 63), as at every look."""
-        state = self.state
-        index = timer_index(state)
-        handled = self.handled
-        if not handled:
-            self._swept = None
-            return index
-        swept = self._swept
-        keys: set[TimerKey] = handled
-        if (
-            swept is not None
-            and swept[0] is state
-            and swept[1] == state.offset
-            and swept[2] is handled
-        ):
-            # no record was applied since the last sweep (the fold, which
-            # alone changes what is armed, moves the offset): only the keys
-            # added to ``handled`` since may be unarmed
-            keys = handled - swept[3]
-        if keys:
-            armed = armed_test(state)
-            gone = [key for key in keys if not armed(key)]
-            for key in gone:
-                handled.discard(key)
-        self._swept = (state, state.offset, handled, set(handled))
-        return index
+        no longer armed are forgotten (DECISIONS 63), as at every look: those
+        whose source the fold changed since the last look, and those handled
+        since, are tested again (``engine.handled``, DECISIONS 350)."""
+        return self._sweep.look(self.state, self.handled)
 
     def _waiting(self, index: TimerIndex) -> Iterator[Entry]:
         """The armed timers not handled, fresh, by deadline (after
-        :meth:`_look`). A handled key is skipped on the index's entry as it
-        stands, before the entry is freshened: after the look's sweep every
-        handled key is armed, and a source has one armed key, so an entry
-        whose key is handled freshens to that same key (a stale depth aside)
-        and would be skipped anyway. The handled timers that stay armed (a
-        starving pod no victim helped) thus cost a set lookup per look, not
-        a re-read of the state."""
+        :meth:`_look`). Handled timers are parked out of ``index.entries``
+        where the index's entry is their key; any other entry whose key is
+        handled is skipped on the entry as it stands, before it is freshened:
+        after the look's sweep every handled key is armed, and a source has
+        one armed key, so an entry whose key is handled freshens to that same
+        key (a stale depth aside) and would be skipped anyway."""
         state = self.state
         handled = self.handled
         if not handled:
@@ -303,7 +246,7 @@ class EngineCore:
         state = self.state
         if timer.queue in state.occupied:
             return []
-        self.handled.add(timer.key)
+        self._sweep.handle(self.handled, timer.key)
         if timer.queue not in state.quotas:
             return []
         plan = self.plan(timer)
@@ -381,7 +324,7 @@ class EngineCore:
             # accepted (ours, or an identical proposal of another engine)
             self.backoff.pop(key, None)
             return
-        self.handled.discard(timer.key)
+        self._sweep.let_go(self.handled, timer.key)
         if now is None:
             return
         refusals = self.backoff.get(key, (0, 0))[0] + 1
@@ -411,7 +354,7 @@ class EngineCore:
         for key, at in list(self.empty_at.items()):
             if at != offset:
                 del self.empty_at[key]
-                self.handled.discard(key)
+                self._sweep.let_go(self.handled, key)
 
     def _forget_disarmed(self) -> None:
         deadlines = self.state.decrease_deadlines

@@ -46,11 +46,14 @@ def owed(node: QuotaNode) -> RL:
     cap = node.config.max
     out: RL = {}
     if cap is None:
-        used, runtime = node.used, node.runtime
-        for key in sorted(used.keys() | runtime.keys()):
-            gap = used.get(key, 0) - runtime.get(key, 0)
-            if gap > 0:
-                out[key] = gap
+        store = node.store
+        if store is not None:
+            # used − runtime over the row's resources, which ``by_key`` sorts
+            row = node.row
+            for columns in store.by_key:
+                gap = columns.used[row] - columns.runtime[row]
+                if gap > 0:
+                    out[columns.key] = gap
         return out
     for key, limit in cap.items():
         held, runtime_of = _numbers(node, key)
@@ -66,11 +69,14 @@ def is_owing(node: QuotaNode) -> bool:
     """A connected leaf (not system/default) holding more than its runtime
     (``owed`` not empty)."""
     config = node.config
-    if config.is_parent or not node.connected or config.name in BUILTIN:
+    store = node.store
+    if config.is_parent or not node.connected or config.name in BUILTIN or store is None:
         return False
     cap = config.max
+    row = node.row
     if cap is None:
-        return bool(owed(node))
+        # owed's used − runtime, read from the row
+        return any(columns.used[row] > columns.runtime[row] for columns in store.by_key)
     for key, limit in cap.items():
         held, runtime_of = _numbers(node, key)
         if min(held, limit) > runtime_of:
@@ -161,6 +167,41 @@ def _flipped(state: ProjectedState, free: RL) -> set[str]:
     return out
 
 
+class SampleInputs:
+    """What the starvation sample reads, kept between samples (DECISIONS 353):
+    a pending pod's requests (as items) and a quota's :func:`_room`. Both are
+    inputs the sample already re-checks by: a pod whose requests change is in
+    ``touched_pods`` (the pending index's writers), a quota whose numbers or
+    configuration change is in ``touched`` (the settle, a full recompute); so
+    dropping those at each sample leaves what is kept equal to a fresh read.
+    Everything is dropped with ``starving_full`` (a restore, reclaim switched
+    off) and when the kept pods outgrow the pending ones."""
+
+    __slots__ = ("requests", "rooms")
+
+    def __init__(self) -> None:
+        self.requests: dict[str, tuple[tuple[str, int], ...]] = {}
+        self.rooms: dict[str, tuple[RL | None, RL] | None] = {}
+
+
+def _sample_inputs(state: ProjectedState) -> SampleInputs:
+    """The state's kept sample inputs, rid of what changed since the last sample."""
+    inputs = state.sample_inputs
+    if (
+        not isinstance(inputs, SampleInputs)
+        or state.starving_full
+        or len(inputs.requests) > 2 * len(state.pending_pods) + 4096
+    ):
+        inputs = state.sample_inputs = SampleInputs()
+        return inputs
+    rooms, requests = inputs.rooms, inputs.requests
+    for name in state.touched:
+        rooms.pop(name, None)
+    for uid in state.touched_pods:
+        requests.pop(uid, None)
+    return inputs
+
+
 def _starving_changes(
     state: ProjectedState, now: int | None, free: RL
 ) -> tuple[dict[str, int], set[str]]:
@@ -174,15 +215,19 @@ def _starving_changes(
     clocks = state.starving_since
     if not state.settings.reclaim_enabled:
         return {}, set(clocks)
+    inputs = _sample_inputs(state)
+    covered = all(
+        free.get(key, 0) >= amounts[-1] for key, amounts in state.pending_amounts.items() if amounts
+    )
+    if covered and not clocks:
+        return {}, set()  # none starves (below), and no clock runs to stop
     if state.starving_full:
         recheck = set(state.pending_pods) | set(clocks)
     else:
         recheck = state.touched_pods | _flipped(state, free)
         for name in state.touched:
             recheck |= state.pending_by_quota.get(name, set())
-    if all(
-        free.get(key, 0) >= amounts[-1] for key, amounts in state.pending_amounts.items() if amounts
-    ):
+    if covered:
         # free capacity covers the largest request of every pending pod: none starves
         return {}, recheck & clocks.keys()
     started: dict[str, int] = {}
@@ -192,21 +237,24 @@ def _starving_changes(
     pods, pod_quota = state.pods, state.pod_quota
     free_get = free.get
     # per quota: None when no pod of it can starve, else (max, its room
-    # ``runtime − used`` per resource): what ``is_starving`` reads of it
-    rooms: dict[str, tuple[RL | None, RL] | None] = {}
+    # ``runtime − used`` per resource): what ``is_starving`` reads of it;
+    # per pending pod its requests (both kept between samples)
+    rooms, kept = inputs.rooms, inputs.requests
     for uid in recheck:
         running = uid in clocks
         if not running and uid in held:
             continue  # a held clock does not start (§8 rule 29), whatever the pod
         starving = False
         if uid in pending:
-            requests = pods[uid].requests
-            # is_starving, the quota's numbers read once per sample
-            for key, value in requests.items():
+            requests = kept.get(uid)
+            if requests is None:
+                requests = kept[uid] = tuple(pods[uid].requests.items())
+            # is_starving, the quota's numbers read once
+            for key, value in requests:
                 if value > 0 and value > free_get(key, 0):
                     break
             else:
-                requests = {}
+                requests = ()
             if requests:
                 name = pod_quota[uid]
                 if name in rooms:
@@ -216,7 +264,7 @@ def _starving_changes(
                 if room is not None:
                     cap, slack = room
                     starving = True
-                    for key, value in requests.items():
+                    for key, value in requests:
                         if value <= 0 or (cap is not None and key not in cap):
                             continue
                         if value > slack.get(key, 0):
@@ -276,16 +324,22 @@ def _owing_changes(state: ProjectedState, now: int | None) -> tuple[dict[str, in
         if node is None:
             owing = False
         else:
-            # is_owing, with the row read in place
+            # is_owing, with the row read in place (no store: no numbers)
             config = node.config
             cap = config.max
-            if config.is_parent or not node.connected or name in BUILTIN:
-                owing = False
-            elif cap is None or node.store is None:
-                owing = is_owing(node)
+            store = node.store
+            owing = False
+            if config.is_parent or not node.connected or name in BUILTIN or store is None:
+                pass
+            elif cap is None:
+                # owed's used − runtime over every resource of the row
+                row = node.row
+                for key_columns in store.by_key:
+                    if key_columns.used[row] > key_columns.runtime[row]:
+                        owing = True
+                        break
             else:
-                owing = False
-                by_key, row = node.store.columns, node.row
+                by_key, row = store.columns, node.row
                 for key, limit in cap.items():
                     columns = by_key.get(key)
                     if columns is not None:

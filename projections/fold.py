@@ -49,6 +49,7 @@ from .resources import add_into, sub_into
 from .settle import settle
 from .state import ACTIVE_PHASES, ROOT, NodeMeta, ProjectedState, Rejection
 from .state_digest import forget as forget_digests
+from .timers import touch_queue
 from .validation import check_remove, check_upsert
 
 _FACTS = frozenset(FACT_TYPES)
@@ -212,6 +213,7 @@ class Projection:
         reason = check_remove(self.state, event)
         if reason is None:
             drop_quota(self.state, event.name)
+            touch_queue(self.state, event.name)  # its timers end (DECISIONS 350)
         return reason
 
     def _namespace_weighted(self, offset: int, ts: int, event: NamespaceWeighted) -> str | None:

@@ -28,6 +28,7 @@ from quotaledger.events.times import seconds_ms
 from .pods import flush_sums
 from .resources import fits
 from .state import FINISHED_KEPT, EvictionOutcome, EvictionRun, PreemptionRun, ProjectedState
+from .timers import touch_pod, touch_queue
 
 _UNLIMITED = float("inf")
 
@@ -281,9 +282,11 @@ def on_finished(state: ProjectedState, event: PreemptionFinished, offset: int) -
     if run.cause == "overuse":
         state.owing_held.add(run.queue)
         state.owing_since.pop(run.queue, None)
+        touch_queue(state, run.queue)  # its timer ends (DECISIONS 350)
     elif run.cause == "reclaim" and run.pod_uid is not None:
         state.starving_held.add(run.pod_uid)
         state.starving_since.pop(run.pod_uid, None)
+        touch_pod(state, run.pod_uid)
     return None
 
 

@@ -29,6 +29,7 @@ from .state import (
     ProjectedState,
     QuotaNode,
 )
+from .timers import touch_pod
 
 
 def compact(pod: PodUpserted, old: PodUpserted | None) -> None:
@@ -299,6 +300,9 @@ def detach_pod(state: ProjectedState, pod: PodUpserted) -> None:
     """Undo :func:`attach_pod` for a pod that was active."""
     uid = pod.uid
     name = state.pod_quota.pop(uid)
+    # a reclaim timer's queue (DECISIONS 350); attach needs no mark: a pod
+    # with an armed timer is attached, so its quota changes by a detach first
+    touch_pod(state, uid)
     discard_member(state.namespace_pods, pod.namespace, uid)
     if pod.quota is not None:
         discard_member(state.field_pods, pod.quota, uid)

@@ -269,6 +269,9 @@ class ProjectedState:
     touched_pods: set[str] = field(default_factory=set)
     free_at_sample: RL = field(default_factory=dict)
     starving_full: bool = True
+    # what the starvation sample read of pending pods and their quotas, kept
+    # between samples (``clocks.SampleInputs``; made by its first sample)
+    sample_inputs: object = None
     # the tree's shape: bumped whenever quotas are added, removed or moved, or
     # change parent, is_parent or namespaces (``projections.recompute`` keeps its
     # walk of the tree in ``tree_arrays`` while this stays the same)

@@ -33,6 +33,24 @@ The result equals :func:`all_timers`, a full listing of the state
 (tests/projections/test_timer_index.py checks it after every record of engine-made
 histories). Nothing here depends on set or dict iteration order: entries are
 totally ordered tuples.
+
+For the engine's handled timers (DECISIONS 63, 350) the index also keeps
+
+* the *changed sources*: every pod and queue whose timer inputs the fold wrote
+  since they were last taken (:meth:`TimerIndex.take_changes`) — a clock
+  started, stopped or released (the marks above), a reclaim or overuse clock
+  ended by a finished preemption (``guard.on_finished``), a pod attached to
+  or detached from a quota (``pods.attach_pod``/``detach_pod``: its
+  ``pod_quota``), a quota removed (the fold's ``QuotaRemoved``), a
+  quota-decrease deadline that differs from the last look's copy. A timer key
+  whose source is not among them is armed exactly when it was at the last take
+  (``engine.core.armed_test`` reads nothing else but the settings, whose change
+  rebuilds the index). ``changes`` counts the takes and the rebuilds, so a
+  reader that finds it moved by someone else knows it missed changes;
+* *parked* entries: one reader (``parker``) may set entries aside whose timer
+  it has handled, so that its looks do not walk past them one by one. A
+  parked entry keeps its place in ``by_source`` and is re-derived like any
+  other; it leaves the park when its timer key (deadline, queue) changes.
 """
 
 from __future__ import annotations
@@ -46,6 +64,10 @@ from .state import ProjectedState
 Entry = tuple[int, int, int, str, str]
 
 DECREASE, OVERUSE, RECLAIM = 0, 1, 2
+
+#: Changed sources kept for a reader that does not take them; past this many
+#: they are dropped (``changes`` moves: the reader sweeps everything).
+CHANGES_KEPT = 1 << 16
 
 
 def _depth(state: ProjectedState, queue: str) -> int:
@@ -85,17 +107,23 @@ class TimerIndex:
     ``entries`` holds one entry per running clock or deadline whose setting is
     on, sorted; an entry may be stale in its queue and depth, or not armed at
     the moment (held, quota gone, pod inactive): :meth:`fresh` says what it is
-    now. ``by_source`` maps ``(rank, queue or pod uid)`` to its entry.
+    now. ``by_source`` maps ``(rank, queue or pod uid)`` to its entry,
+    ``parked`` the sources whose entry is set aside (not in ``entries``).
     """
 
     __slots__ = (
         "_owing",
         "_starving",
         "by_source",
+        "changed_pods",
+        "changed_queues",
+        "changes",
         "deadlines",
         "entries",
         "marked_pods",
         "marked_queues",
+        "parked",
+        "parker",
         "settings_key",
         "stale",
         "state",
@@ -110,6 +138,11 @@ class TimerIndex:
         self.marked_queues: set[str] = set()
         self.marked_pods: set[str] = set()
         self.stale: list[Entry] = []
+        self.changed_pods: set[str] = set()
+        self.changed_queues: set[str] = set()
+        self.changes = 0
+        self.parked: dict[tuple[int, str], Entry] = {}
+        self.parker: object = None
         self._owing: object = None
         self._starving: object = None
 
@@ -121,16 +154,29 @@ class TimerIndex:
         if old is not None:
             if old == entry:
                 return
+            parked = self.parked
+            if source in parked:
+                self.by_source[source] = entry
+                if old[0] == entry[0] and old[3] == entry[3]:
+                    parked[source] = entry  # the same timer key (a depth moved)
+                else:
+                    del parked[source]
+                    insort(self.entries, entry)
+                return
             self._remove(old)
         self.by_source[source] = entry
         insort(self.entries, entry)
 
     def _remove(self, entry: Entry) -> None:
+        source = (entry[1], entry[4] if entry[1] == RECLAIM else entry[3])
+        if self.parked.get(source) == entry:
+            del self.parked[source]
+            del self.by_source[source]
+            return
         entries = self.entries
         i = bisect_left(entries, entry)
         if i < len(entries) and entries[i] == entry:
             del entries[i]
-        source = (entry[1], entry[4] if entry[1] == RECLAIM else entry[3])
         if self.by_source.get(source) == entry:
             del self.by_source[source]
 
@@ -164,6 +210,11 @@ class TimerIndex:
         self.marked_queues = set()
         self.marked_pods = set()
         self.stale = []
+        self.changed_pods = set()
+        self.changed_queues = set()
+        self.changes += 1
+        self.parked = {}
+        self.parker = None
         entries: list[Entry] = []
         by_source: dict[tuple[int, str], Entry] = {}
         for rank, names in (
@@ -193,10 +244,16 @@ class TimerIndex:
         if self.stale:
             for entry in self.stale:
                 self._resource(state, entry)
+                # re-derived: a reader may now park the timer it handled
+                if entry[1] == RECLAIM:
+                    self.changed_pods.add(entry[4])
+                else:
+                    self.changed_queues.add(entry[3])
             self.stale = []
         if state.decrease_deadlines != self.deadlines:
             for queue in self.deadlines.keys() | state.decrease_deadlines.keys():
                 self._resource_of(state, DECREASE, queue)
+                self.changed_queues.add(queue)
             self.deadlines = dict(state.decrease_deadlines)
         if self.marked_queues:
             for queue in self.marked_queues:
@@ -309,10 +366,57 @@ class TimerIndex:
     def mark_queue(self, queue: str) -> None:
         """An owing clock of ``queue`` started, stopped or was released."""
         self.marked_queues.add(queue)
+        changed = self.changed_queues
+        changed.add(queue)
+        if len(changed) > CHANGES_KEPT:
+            self.take_changes()
 
     def mark_pod(self, uid: str) -> None:
         """A starvation clock of ``uid`` started, stopped or was released."""
         self.marked_pods.add(uid)
+        changed = self.changed_pods
+        changed.add(uid)
+        if len(changed) > CHANGES_KEPT:
+            self.take_changes()
+
+    # ---------------------------------------------------------------- readers
+
+    def take_changes(self) -> tuple[set[str], set[str]]:
+        """The changed sources (pods, queues) since the last take; they start
+        afresh and ``changes`` moves by one."""
+        pods, queues = self.changed_pods, self.changed_queues
+        self.changed_pods = set()
+        self.changed_queues = set()
+        self.changes += 1
+        return pods, queues
+
+    def park(self, source: tuple[int, str], deadline: int, queue: str) -> None:
+        """Set the entry of ``source`` aside while its timer key is ``deadline``
+        on ``queue`` (the parker handled that timer); nothing when it is not."""
+        if source in self.parked:
+            return
+        entry = self.by_source.get(source)
+        if entry is None or entry[0] != deadline or entry[3] != queue:
+            return
+        entries = self.entries
+        i = bisect_left(entries, entry)
+        if i < len(entries) and entries[i] == entry:
+            del entries[i]
+            self.parked[source] = entry
+
+    def unpark(self, source: tuple[int, str]) -> None:
+        """Put the entry of ``source`` back among ``entries`` (if parked)."""
+        entry = self.parked.pop(source, None)
+        if entry is not None:
+            insort(self.entries, entry)
+
+    def unpark_all(self, parker: object) -> None:
+        """Every parked entry back; ``parker`` parks from now on."""
+        if self.parked:
+            self.entries.extend(self.parked.values())
+            self.entries.sort()
+            self.parked = {}
+        self.parker = parker
 
 
 def _settings_key(state: ProjectedState) -> tuple[object, ...]:
@@ -324,6 +428,28 @@ def _settings_key(state: ProjectedState) -> tuple[object, ...]:
         s.reclaim_enabled,
         s.reclaim_after_s,
     )
+
+
+def touch_pod(state: ProjectedState, uid: str) -> None:
+    """The fold changed a timer input of pod ``uid`` (its quota, a hold, a
+    clock ended): tell the state's timer index, if it has one."""
+    index = state.timer_index
+    if isinstance(index, TimerIndex):
+        changed = index.changed_pods
+        changed.add(uid)
+        if len(changed) > CHANGES_KEPT:
+            index.take_changes()  # nobody takes them: a reader sweeps all
+
+
+def touch_queue(state: ProjectedState, queue: str) -> None:
+    """The fold changed a timer input of quota ``queue`` (a hold, a clock
+    ended, the quota removed): tell the state's timer index, if it has one."""
+    index = state.timer_index
+    if isinstance(index, TimerIndex):
+        changed = index.changed_queues
+        changed.add(queue)
+        if len(changed) > CHANGES_KEPT:
+            index.take_changes()
 
 
 def timer_index(state: ProjectedState) -> TimerIndex:

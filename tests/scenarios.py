@@ -54,6 +54,7 @@ SAMPLING = {
     "touched_pods",
     "free_at_sample",
     "starving_full",
+    "sample_inputs",
     "timer_index",
     "owing_index",
 }

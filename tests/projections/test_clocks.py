@@ -14,6 +14,7 @@ from quotaledger.events.model import (
     PodRemoved,
     PodUpserted,
     QuotaUpserted,
+    SettingsChanged,
 )
 from quotaledger.projections import Projection
 from quotaledger.projections.clocks import (
@@ -21,8 +22,10 @@ from quotaledger.projections.clocks import (
     is_owing,
     is_starving,
     observation,
+    owed,
 )
 from quotaledger.projections.snapshot import dump, load
+from quotaledger.projections.state import BUILTIN, QuotaNode
 
 
 class EngineSampler:
@@ -102,9 +105,38 @@ contended = st.lists(
 gaps = st.lists(st.sampled_from([0, 300, 1000, 1000, 1000, 2500]), min_size=40, max_size=40)
 
 
+def _owes(node: QuotaNode) -> bool:
+    """§8 rule 28 read literally from the quota's dicts: a connected leaf (not
+    system/default) with ``min(used, max) > runtime`` on a resource its max
+    lists (every resource when max is null)."""
+    config = node.config
+    if config.is_parent or not node.connected or config.name in BUILTIN:
+        return False
+    used, runtime = node.used, node.runtime
+    if config.max is None:
+        return any(used.get(k, 0) > runtime.get(k, 0) for k in used.keys() | runtime.keys())
+    return any(min(used.get(k, 0), cap) > runtime.get(k, 0) for k, cap in config.max.items())
+
+
+def _owed(node: QuotaNode) -> dict[str, int]:
+    """``owed`` read from the quota's dicts: ``min(used, max) − runtime`` where
+    positive, in max's order (sorted when max is null), key order included."""
+    used, runtime, cap = node.used, node.runtime, node.config.max
+    keys = sorted(used.keys() | runtime.keys()) if cap is None else list(cap)
+    gaps = [
+        (k, min(used.get(k, 0), (cap or {}).get(k, used.get(k, 0))) - runtime.get(k, 0))
+        for k in keys
+    ]
+    return {k: gap for k, gap in gaps if gap > 0}
+
+
 def _owing_now(projection: Projection) -> set[str]:
     copy = load(dump(projection.state))
-    return {name for name, node in copy.quotas.items() if is_owing(node)}
+    owing = {name for name, node in copy.quotas.items() if _owes(node)}
+    assert owing == {name for name, node in copy.quotas.items() if is_owing(node)}
+    for node in copy.quotas.values():
+        assert list(owed(node).items()) == list(_owed(node).items())
+    return owing
 
 
 def _starving_now(projection: Projection) -> set[str]:
@@ -227,3 +259,33 @@ def test_pods_that_stop_pending_without_a_clock_are_not_kept_for_the_next_sample
             projection.apply(offset, offset, event)
     assert projection.state.touched_pods == set()
     assert projection.state.pending_pods == set()
+
+
+def test_a_quota_changed_while_reclaim_is_off_is_read_afresh() -> None:
+    """Samples with reclaim off consume the change bookkeeping without reading
+    any pod or quota; switched on again, the sample reads everything afresh
+    (nothing kept from before is trusted: DECISIONS 353)."""
+    sampler = EngineSampler()
+    events: list[tuple[int, Event]] = [
+        (1000, NodeUpserted(name="n", allocatable={"cpu": 4})),
+        (1000, QuotaUpserted(name="a", min={"cpu": 2})),
+        (1000, QuotaUpserted(name="b", min={"cpu": 2})),
+        (
+            1000,
+            PodUpserted(
+                uid="r", name="r", namespace="b", requests={"cpu": 4}, phase="Running", node="n"
+            ),
+        ),
+        (1000, PodUpserted(uid="w", name="w", namespace="a", requests={"cpu": 2})),
+        (2000, SettingsChanged(reclaim_enabled=False)),
+        (3000, QuotaUpserted(name="a", min={"cpu": 1}, max={"cpu": 1})),
+        (4000, SettingsChanged(reclaim_enabled=True)),
+        (5000, NodeUpserted(name="n2", allocatable={"cpu": 0})),
+    ]
+    starving: list[set[str]] = []
+    for ts, event in events:
+        sampler.apply(ts, event)
+        starving.append(set(sampler.state.starving_since))
+    assert starving[5] == {"w"}  # a has room for w, the cluster has none
+    # a's max now leaves no room for w: no clock starts once reclaim is back
+    assert set(sampler.state.starving_since) == _starving_now(sampler.projection) == set()
