@@ -115,8 +115,10 @@ class HandledSweep:
         armed = armed_test(state)
         sources = self.sources
         park = index.park
-        for uid in pods:
-            source = (RECLAIM, uid)
+        changed = [(RECLAIM, uid) for uid in pods]
+        for queue in queues:
+            changed += ((DECREASE, queue), (OVERUSE, queue))
+        for source in changed:
             key = sources.get(source)
             if key is not None:
                 if armed(key):
@@ -125,16 +127,6 @@ class HandledSweep:
                     del sources[source]
                     handled.discard(key)
                     index.unpark(source)
-        for queue in queues:
-            for source in ((DECREASE, queue), (OVERUSE, queue)):
-                key = sources.get(source)
-                if key is not None:
-                    if armed(key):
-                        park(source, key[3], key[1])
-                    else:
-                        del sources[source]
-                        handled.discard(key)
-                        index.unpark(source)
         if self.added:
             added, self.added = self.added, []
             for key in added:

@@ -139,18 +139,24 @@ resize_histories = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
-@given(resize_histories)
-def test_pod_sums_after_each_bulk_settle_equal_their_pods(history: list[Doc]) -> None:
-    """The same with every settle taking the full recompute (``pods.flush_all``
-    adds each logged change straight into the columns), on histories that
-    mostly resize, bind and unbind active pods, with sums leaving int64."""
+def check_with_bulk_settles(history: list[Doc]) -> None:
+    """The pod-sums check of ``history`` with every settle taking the full
+    recompute (the bulk path's thresholds set so that it always applies)."""
     saved = settling.BULK_MIN_QUOTAS, settling.BULK_FRACTION
     settling.BULK_MIN_QUOTAS, settling.BULK_FRACTION = 0, 10**9
     try:
         test_pod_sums_after_each_settle_equal_their_pods.hypothesis.inner_test(history)  # type: ignore[attr-defined]
     finally:
         settling.BULK_MIN_QUOTAS, settling.BULK_FRACTION = saved
+
+
+@settings(max_examples=300, deadline=None)
+@given(resize_histories)
+def test_pod_sums_after_each_bulk_settle_equal_their_pods(history: list[Doc]) -> None:
+    """The same with every settle taking the full recompute (``pods.flush_all``
+    adds each logged change straight into the columns), on histories that
+    mostly resize, bind and unbind active pods, with sums leaving int64."""
+    check_with_bulk_settles(history)
 
 
 def test_a_bulk_flush_past_int64_widens_the_resource() -> None:
@@ -171,12 +177,7 @@ def test_a_bulk_flush_past_int64_widens_the_resource() -> None:
     ]
     large = [{**doc, "requests": {"memory": 2**62 - 1}} for doc in small]
     history: list[Doc] = [*small, SETTLE, *large, SETTLE]
-    saved = settling.BULK_MIN_QUOTAS, settling.BULK_FRACTION
-    settling.BULK_MIN_QUOTAS, settling.BULK_FRACTION = 0, 10**9
-    try:
-        test_pod_sums_after_each_settle_equal_their_pods.hypothesis.inner_test(history)  # type: ignore[attr-defined]
-    finally:
-        settling.BULK_MIN_QUOTAS, settling.BULK_FRACTION = saved
+    check_with_bulk_settles(history)
 
 
 def _check_pod_sums(state: Any) -> None:
