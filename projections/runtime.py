@@ -29,10 +29,10 @@ class GroupFill:
     """One parent's children as its fill reads them, for as long as their
     configurations, the tree's shape and the state's columns stay the same
     (the settle drops it when the parent is filled whole): the children in
-    name order, their rows, per resource their :data:`KeyFacts`, computed on
-    first use, and per resource the last fill's :class:`FillPlan`."""
+    name order, their rows, and per resource their :data:`KeyFacts`,
+    computed on first use."""
 
-    __slots__ = ("children", "facts", "mins", "plans", "rows", "store", "weights")
+    __slots__ = ("children", "facts", "mins", "rows", "store", "weights")
 
     def __init__(self, store: QuotaColumns, children: list[QuotaNode]) -> None:
         self.store = store
@@ -41,7 +41,6 @@ class GroupFill:
         self.mins = [child.config.min for child in children]
         self.weights = [terms_for(child).weights for child in children]
         self.facts: dict[str, KeyFacts] = {}
-        self.plans: dict[str, FillPlan] = {}
 
     def key_facts(self, key: str) -> KeyFacts:
         facts = self.facts.get(key)
@@ -53,67 +52,6 @@ class GroupFill:
         return facts
 
 
-class FillPlan:
-    """What one resource's fill of a group makes of its children's limited
-    requests (``wants``) and effective mins (``mins``) before the amount to
-    share is known (DESIGN §5 "Runtime" step 2): each child's start (a
-    borrower's effective min, any other's limited request), Σ of the starts
-    (``base``: the pool is the amount less it), the weighted borrowers
-    (``active``, in name order, their configured weights, None where the
-    amount stands in) and their way up to their requests (``need``). In a
-    settle's cascade a group is filled again with the same wants and a new
-    amount (its parent's runtime moved), so the plan is kept and reused
-    while the wants and mins are equal to those it was made from."""
-
-    __slots__ = ("active", "amount_weighted", "base", "mins", "need", "starts", "wants", "weights")
-
-    def __init__(self, wants: list[int], mins: list[int], weight_list: list[int | None]) -> None:
-        self.wants = wants
-        self.mins = mins
-        starts = list(wants)
-        base = 0
-        active: list[int] = []
-        weights: list[int | None] = []
-        need = 0
-        for i, want in enumerate(wants):
-            eff = mins[i]
-            if want > eff:
-                starts[i] = eff
-                base += eff
-                weight = weight_list[i]
-                # None: the amount stands in, > 0 whenever there is a pool
-                if weight is None or weight > 0:
-                    active.append(i)
-                    weights.append(weight)
-                    need += want - eff
-            else:
-                base += want
-        self.starts = starts
-        self.base = base
-        self.active = active
-        self.weights = weights
-        self.amount_weighted = None in weights
-        self.need = need
-
-    def runtime(self, amount: int) -> list[int]:
-        """Steps 2-3 for ``amount``: what :func:`water_filled` gives."""
-        pool = amount - self.base
-        runtime = self.starts.copy()
-        active = self.active
-        if pool <= 0 or not active:
-            return runtime
-        if pool >= self.need:
-            for i in active:
-                runtime[i] = self.wants[i]
-            return runtime
-        weights: list[int]
-        if self.amount_weighted:
-            weights = [amount if weight is None else weight for weight in self.weights]
-        else:
-            weights = self.weights  # type: ignore[assignment]
-        return fill_rounds(pool, runtime, self.wants, active, weights)
-
-
 def distribute(
     state: ProjectedState,
     total: Mapping[str, int] | int,
@@ -121,8 +59,7 @@ def distribute(
     min_scaling: bool,
     keys: Collection[str] | None = None,
     fill: GroupFill | None = None,
-    changed: list[tuple[QuotaNode, dict[str, int]]] | None = None,
-) -> list[tuple[QuotaNode, dict[str, int]]]:
+) -> list[dict[str, int] | None]:
     """Runtime and effective min of each child of one parent, into the
     children's rows of the state's columns.
 
@@ -131,18 +68,17 @@ def distribute(
     the parent. Only the resources in ``keys`` are filled when given (the
     others' inputs did not change, so neither did their numbers). ``fill``
     is the group's :class:`GroupFill` if the caller keeps one (it must be of
-    these children and the state's columns). Appends to ``changed`` (and
-    returns it) each child whose runtime changed, once, with the runtime each
-    of its changed resources had before.
+    these children and the state's columns). Returns, aligned with
+    ``children``, the resources whose runtime changed with the runtime each
+    had before (None when none changed).
     """
     store = state.columns
     if fill is None or fill.store is not store:
         fill = GroupFill(store, children)
-    out: list[tuple[QuotaNode, dict[str, int]]] = [] if changed is None else changed
+    count = len(children)
     rows = fill.rows
+    changed: list[dict[str, int] | None] = [None] * count
     known = fill.facts
-    plans = fill.plans
-    moved: dict[int, dict[str, int]] = {}
     for columns in store.by_key:
         key = columns.key
         if keys is not None and key not in keys:
@@ -151,33 +87,44 @@ def distribute(
         facts = known.get(key)
         if facts is None:
             facts = fill.key_facts(key)
-        mins, min_sum, weight_list, _ = facts
+        mins, min_sum, weight_list, weighted = facts
         limited = columns.limited_request
         wants = [limited[row] for row in rows]
         if min_scaling and amount < min_sum:
             mins = [amount * value // min_sum for value in mins]
-        plan = plans.get(key)
-        if plan is None or plan.wants != wants or plan.mins != mins:
-            plan = plans[key] = FillPlan(wants, mins, weight_list)
-        runtime = plan.runtime(amount)
+        runtime: list[int]
+        if min_sum == 0 and not any(wants):
+            runtime = mins = wants  # nothing asked, nothing guaranteed: all 0
+        elif amount >= sum(wants) and (
+            (weighted and amount > 0)
+            or all(
+                (amount if weight_list[i] is None else weight_list[i]) > 0  # type: ignore[operator]
+                for i in range(count)
+                if wants[i] > mins[i]
+            )
+        ):
+            # enough for every limited request and every borrower weighted:
+            # the water-fill caps each borrower at its limited request (step 3)
+            runtime = wants
+        else:
+            runtime = water_filled(amount, wants, mins, weight_list)
         # every value is ≤ a limited request or a min already stored: no widening
         runtime_col, effective_col = columns.runtime, columns.effective_min
-        for i, row in enumerate(rows):
+        for i in range(count):
+            row = rows[i]
             value = runtime[i]
             before = runtime_col[row]
             if before != value:
                 runtime_col[row] = value
-                was = moved.get(i)
-                if was is None:
-                    moved[i] = {key: before}
+                moved = changed[i]
+                if moved is None:
+                    changed[i] = {key: before}
                 else:
-                    was[key] = before
+                    moved[key] = before
             value = mins[i]
             if effective_col[row] != value:
                 effective_col[row] = value
-    for i in sorted(moved):
-        out.append((children[i], moved[i]))
-    return out
+    return changed
 
 
 def water_filled(

@@ -285,7 +285,10 @@ def _refill(state: ProjectedState, moves: _Moves | None = None) -> None:
                     or not _fits(state, moves, node, fill, key, changed)
                 }
         if keys is None or keys:
-            distribute(state, total, children, min_scaling, keys, fill, changed)
+            moved = distribute(state, total, children, min_scaling, keys, fill)
+            for child, before in zip(children, moved, strict=True):
+                if before:
+                    changed.append((child, before))
         for child, before in changed:
             child_name = child.config.name
             touched.add(child_name)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quotaledger.projections.resources import water_fill, water_fill_ordered
-from quotaledger.projections.runtime import FillPlan, water_filled
+from quotaledger.projections.runtime import water_filled
 
 
 def reference(pool: int, borrowers: list[tuple[str, int, int, int]]) -> dict[str, int]:
@@ -122,21 +122,3 @@ def test_fused_fill_equals_steps_2_and_3(
         filled = reference(pool, borrowers)
         expected = [filled.get(name, value) for name, value in zip(names, expected, strict=True)]
     assert water_filled(amount, wants, mins, weights) == expected
-
-
-@settings(max_examples=400, deadline=None)
-@given(groups(), st.lists(st.integers(-50, 1500), min_size=1, max_size=6))
-def test_a_kept_plan_fills_as_the_fused_fill_for_every_amount(
-    case: tuple[int, list[int], list[int], list[int | None]], amounts: list[int]
-) -> None:
-    """A group's :class:`FillPlan`, made once from its wants, effective mins and
-    weights, gives for each amount it is reused with what ``water_filled``
-    gives for that amount (a settle's cascade refills a group with the same
-    wants and a moved amount: the plan is kept while wants and mins are
-    equal). An unconfigured weight is the amount of each fill, not of the
-    fill that made the plan."""
-    first, wants, mins, weights = case
-    plan = FillPlan(list(wants), list(mins), weights)
-    for amount in [first, *amounts]:
-        assert plan.runtime(amount) == water_filled(amount, wants, mins, weights)
-    assert plan.wants == wants and plan.mins == mins
