@@ -85,8 +85,12 @@ class Projection:
 
         The fold's hot path (DECISIONS 170): one dispatch by exact type, the offset
         and time advanced inline, and held clocks released only when some are
-        held (``release_holds`` does nothing otherwise)."""
+        held (``release_holds`` does nothing otherwise). A ``PodUpserted`` (most
+        records) goes to :meth:`apply_pod` first (DECISIONS 400)."""
         kind = type(event)
+        if kind is PodUpserted:
+            self.apply_pod(offset, ts, event)  # type: ignore[arg-type]
+            return True
         if kind is LedgerDigest:
             self._pass(offset)
             return True
@@ -116,8 +120,9 @@ class Projection:
 
     def apply_pod(self, offset: int, ts: int, pod: PodUpserted) -> None:
         """:meth:`apply` of a decoded ``PodUpserted`` (the usual record: a fact
-        never refused), without the dispatch: the same steps in the same order
-        (DECISIONS 400). Same state as ``apply(offset, ts, pod)``."""
+        never refused), without the dispatch (DECISIONS 400): the offset and
+        time advanced, the pod folded (the usual upsert inline, any other by
+        :meth:`_pod_upserted`), held clocks released."""
         state = self.state
         if offset != state.offset + 1:
             raise OutOfOrder(f"record {offset} does not follow {state.offset}")
@@ -208,7 +213,6 @@ class Projection:
     def _handler_table(self) -> dict[type, Callable[[int, int, Any], str | None]]:
         """Event type -> the method that applies it (a reason when refused)."""
         facts: dict[type, Callable[[int, int, Any], str | None]] = {
-            PodUpserted: self._pod_upserted,
             PodRemoved: self._pod_removed,
             NodeUpserted: self._node_upserted,
             NodeRemoved: self._node_removed,
@@ -282,7 +286,8 @@ class Projection:
         self.state.hash_weights.add(event.namespace)
         return None
 
-    def _pod_upserted(self, offset: int, ts: int, pod: PodUpserted) -> str | None:
+    def _pod_upserted(self, offset: int, ts: int, pod: PodUpserted) -> None:
+        """Fold a pod upsert whatever it changes (:meth:`apply_pod`'s general path)."""
         state = self.state
         uid = pod.uid
         pods = state.pods
