@@ -9,6 +9,7 @@ recorded in ``state.rejected`` (§8 rule 5) and changes nothing else.
 from __future__ import annotations
 
 from collections.abc import Callable
+from sys import intern
 from typing import Any
 
 from msgspec import UNSET
@@ -42,8 +43,9 @@ from quotaledger.events.model import (
 
 from . import guard
 from .clocks import apply_observation, release_holds
+from .persisted import SMALL_DICT
 from .plans import decrease_target
-from .pods import attach_pod, compact, detach_pod, replace_pod
+from .pods import attach_pod, compact, detach_pod, replace_pod, shared_labels
 from .quota_tree import drop_quota, put_quota
 from .resources import add_into, sub_into
 from .settle import settle
@@ -83,8 +85,12 @@ class Projection:
 
         The fold's hot path (DECISIONS 170): one dispatch by exact type, the offset
         and time advanced inline, and held clocks released only when some are
-        held (``release_holds`` does nothing otherwise)."""
+        held (``release_holds`` does nothing otherwise). A ``PodUpserted`` (most
+        records) goes to :meth:`apply_pod` first (DECISIONS 400)."""
         kind = type(event)
+        if kind is PodUpserted:
+            self.apply_pod(offset, ts, event)  # type: ignore[arg-type]
+            return True
         if kind is LedgerDigest:
             self._pass(offset)
             return True
@@ -111,6 +117,66 @@ class Projection:
             if state.owing_held or state.starving_held:
                 release_holds(state)
         return True
+
+    def apply_pod(self, offset: int, ts: int, pod: PodUpserted) -> None:
+        """:meth:`apply` of a decoded ``PodUpserted`` (the usual record: a fact
+        never refused), without the dispatch (DECISIONS 400): the offset and
+        time advanced, the pod folded (the usual upsert inline, any other by
+        :meth:`_pod_upserted`), held clocks released."""
+        state = self.state
+        if offset != state.offset + 1:
+            raise OutOfOrder(f"record {offset} does not follow {state.offset}")
+        state.offset = offset
+        if ts > state.ts:
+            if state.decrease_deadlines and state.settings.quota_preemption_enabled:
+                self._disarm_empty_deadlines(ts)
+            state.ts = ts
+        uid = pod.uid
+        pods = state.pods
+        old = pods.get(uid)
+        phase = pod.phase
+        if (
+            old is not None
+            and (phase == "Running" or phase == "Pending")
+            and old.phase in ACTIVE_PHASES
+            and old.quota == pod.quota
+            and old.namespace == pod.namespace
+        ):
+            # the usual record: an active pod upserted again, still active, same
+            # namespace and ``quota`` field (compact then replace_pod, inlined)
+            pod.at = None
+            requests = pod.requests
+            if len(requests) > SMALL_DICT:
+                requests = pod.requests = dict(sorted(requests.items()))
+            uid = pod.uid = old.uid
+            created = pod.created_at
+            if created is not None and created == old.created_at:
+                pod.created_at = old.created_at
+            name = pod.name
+            if name == uid:
+                pod.name = uid
+            elif name == old.name:
+                pod.name = old.name
+            pod.namespace = old.namespace
+            node = pod.node
+            if node is not None:
+                kept_node = old.node
+                pod.node = node = kept_node if node == kept_node else intern(node)
+            labels = pod.labels
+            if labels:
+                kept_labels = old.labels
+                pod.labels = kept_labels if labels == kept_labels else shared_labels(labels)
+            pods[uid] = pod
+            state.hash_pods[uid] = pod
+            replace_pod(state, old, pod)
+            if phase != "Running" and state.evicting_pods:
+                guard.on_pod_gone(state, uid)
+            if state.owing_held or state.starving_held:
+                release_holds(state)
+            return
+        self._pod_upserted(offset, ts, pod)
+        if state.owing_held or state.starving_held:
+            release_holds(state)
 
     def reject(self, offset: int, kind: str | None, reason: str) -> None:
         self.state.rejected.append(Rejection(offset=offset, kind=kind, reason=reason))
@@ -147,7 +213,6 @@ class Projection:
     def _handler_table(self) -> dict[type, Callable[[int, int, Any], str | None]]:
         """Event type -> the method that applies it (a reason when refused)."""
         facts: dict[type, Callable[[int, int, Any], str | None]] = {
-            PodUpserted: self._pod_upserted,
             PodRemoved: self._pod_removed,
             NodeUpserted: self._node_upserted,
             NodeRemoved: self._node_removed,
@@ -171,7 +236,7 @@ class Projection:
                 detach_pod(state, old)
             guard.on_pod_gone(state, event.uid)
             marks = state.hash_pods
-            marks.add(event.uid)
+            marks[old.uid] = None
             if len(marks) > 2 * len(state.pods) + 4096:  # nobody hashes: keep them bounded
                 forget_digests(state)
         return None
@@ -221,14 +286,15 @@ class Projection:
         self.state.hash_weights.add(event.namespace)
         return None
 
-    def _pod_upserted(self, offset: int, ts: int, pod: PodUpserted) -> str | None:
+    def _pod_upserted(self, offset: int, ts: int, pod: PodUpserted) -> None:
+        """Fold a pod upsert whatever it changes (:meth:`apply_pod`'s general path)."""
         state = self.state
         uid = pod.uid
         pods = state.pods
         old = pods.get(uid)
         compact(pod, old)
         pods[uid] = pod
-        state.hash_pods.add(pod.uid)  # the key object the state holds (compact)
+        state.hash_pods[pod.uid] = pod  # the key object the state holds (compact)
         phase = pod.phase
         active = phase == "Running" or phase == "Pending"
         if old is None:

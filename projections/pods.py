@@ -73,6 +73,11 @@ def compact(pod: PodUpserted, old: PodUpserted | None) -> None:
         pod.labels = kept_labels if labels == kept_labels else _shared_labels(_label_items(labels))
 
 
+def shared_labels(labels: dict[str, str]) -> dict[str, str]:
+    """The one shared map equal to ``labels`` (see :func:`compact`)."""
+    return _shared_labels(_label_items(labels))
+
+
 def _label_items(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
     if len(labels) > SMALL_DICT:
         return tuple(sorted(labels.items()))
@@ -449,4 +454,4 @@ def reassociate(
         if quota_for(state, pod) != state.pod_quota[uid]:
             detach_pod(state, pod)
             attach_pod(state, pod)
-            state.hash_pods.add(uid)  # its entry holds its quota (state_digest)
+            state.hash_pods[uid] = pod  # its entry holds its quota (state_digest)

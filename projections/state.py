@@ -303,8 +303,10 @@ class ProjectedState:
     root_usage: RL = field(default_factory=dict)
     # the incremental state hash (:mod:`.state_digest`): the entries of the
     # large maps changed since it last looked (one insertion per change, by
-    # the fold and the tree), and the digests it keeps
-    hash_pods: set[str] = field(default_factory=set)
+    # the fold and the tree), and the digests it keeps; ``hash_pods`` maps each
+    # changed pod's uid to the pod the state holds (None: removed), so the hash
+    # need not look it up again (DECISIONS 401)
+    hash_pods: dict[str, PodUpserted | None] = field(default_factory=dict)
     hash_quotas: set[str] = field(default_factory=set)
     hash_nodes: set[str] = field(default_factory=set)
     hash_weights: set[str] = field(default_factory=set)

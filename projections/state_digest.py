@@ -30,11 +30,12 @@ its bucket's and the root's, whatever the map's size (DECISIONS 230).
 
 :func:`state_hash` keeps these digests in the state (``ProjectedState.hash_memo``)
 and brings them up to date when asked: the entries the fold marked changed
-(``hash_pods``, ``hash_quotas``, ``hash_nodes``, ``hash_weights``: one set
-insertion per changed entry) and the chunks of quotas whose numbers differ
-from a copy of the columns taken at the last hash (a comparison at memory
-speed, DECISIONS 233). :func:`full_state_hash` computes the same value from
-nothing; the two are equal on every state (the property tests).
+(``hash_pods``, ``hash_quotas``, ``hash_nodes``, ``hash_weights``: one
+insertion per changed entry; ``hash_pods`` maps the uid to the pod, DECISIONS
+401) and the chunks of quotas whose numbers differ from a copy of the columns
+taken at the last hash (a comparison at memory speed, DECISIONS 233).
+:func:`full_state_hash` computes the same value from nothing; the two are equal
+on every state (the property tests).
 
 Deterministic across machines, time zones, locales and ``PYTHONHASHSEED``:
 only SHA-256, CRC-32, msgspec JSON, little-endian int64 and Python's
@@ -309,12 +310,13 @@ def update(state: ProjectedState, memo: StateDigest) -> None:
     """Bring ``memo`` up to ``state``: the marked entries and the changed rows."""
     maps = memo.maps
     entries = maps["pods"]
-    pods, pod_quota = state.pods.get, state.pod_quota.get
+    pod_quota = state.pod_quota.get
     keys_of, digests_of, dirty = entries.keys, entries.digests, entries.dirty
     encode_into = _ENCODER.encode_into
     encoded = bytearray()  # one buffer, encoded into for each pod
-    for uid in state.hash_pods:  # MapDigest.put and pod_digest, inlined (the hot loop)
-        pod = pods(uid)
+    # MapDigest.put and pod_digest, inlined (the hot loop); each mark holds the
+    # pod the state holds, or None for a removed one (DECISIONS 401)
+    for uid, pod in state.hash_pods.items():
         if pod is None:
             entries.remove(uid)
             continue

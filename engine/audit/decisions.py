@@ -186,7 +186,7 @@ class Auditor:
         check) is folded here as :meth:`feed` folds it, without a call per
         record; any other goes through :meth:`feed` (DECISIONS 371)."""
         main = self.main
-        apply = main.apply
+        apply_pod = main.apply_pod
         lagging = self.lagging
         keep = lagging.buffer.append
         audit_chain = self.chain
@@ -208,7 +208,7 @@ class Auditor:
                     self.next_offset = offset + 1
                     if update is not None:
                         update(record)
-                    apply(offset, record.ts, event)
+                    apply_pod(offset, record.ts, event)
                     keep(record)
                     lagging.fed = offset
                     if offset >= stop:

@@ -9,6 +9,7 @@ equal the one a snapshot restore rebuilds from the pods alone.
 from __future__ import annotations
 
 import importlib
+from sys import intern
 from typing import Any
 
 import msgspec
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from quotaledger.events.codec import EventError, _decode_full, decode_event
 from quotaledger.events.ledger import Record
 from quotaledger.projections import Projection
+from quotaledger.projections.clocks import release_holds
 from quotaledger.projections.snapshot import dump, load
 from tests.projections.test_projection_properties import POD_INDEXES as INDEXES
 
@@ -301,3 +303,79 @@ def test_decoding_any_kind_fast_equals_the_full_path(doc: Doc, at: object) -> No
     anything odd to the full path: same event or same error (DECISIONS 120)."""
     payload = msgspec.json.encode({**doc, "at": at})
     assert _outcome(payload, decode_event) == _outcome(payload, _decode_full)
+
+
+# ------------------------------------------------------------ Projection.apply_pod
+
+#: Upserts varying every field ``apply_pod``'s usual path keeps or shares: the
+#: name (the uid or not), the namespace and ``quota`` field (another quota: the
+#: general path), the node, the labels (more than ``SMALL_DICT`` keys too),
+#: ``created_at`` and the requests.
+MANY_LABELS = {f"k{i}": "v" for i in range(9)}
+any_upsert = st.fixed_dictionaries(
+    {
+        "kind": st.just("PodUpserted"),
+        "uid": st.sampled_from(PODS),
+        "name": st.sampled_from(["p0", "p1", "other"]),
+        "namespace": st.sampled_from(["a", "a", "b"]),
+        "quota": st.sampled_from([None, None, "a", "b"]),
+        "requests": requests,
+        "phase": st.sampled_from(["Pending", "Running", "Running", "Succeeded"]),
+        "node": st.sampled_from([None, "n0", "n0", "n1"]),
+        "labels": st.sampled_from([{}, {"app": "x"}, {"app": "y"}, MANY_LABELS]),
+        "created_at": st.sampled_from([None, "2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"]),
+        "at": st.just("2026-01-03T00:00:00Z"),
+    }
+)
+pod_histories = st.lists(
+    st.one_of(any_upsert, any_upsert, any_upsert, removal, st.just(SETTLE)),
+    min_size=1,
+    max_size=60,
+)
+
+
+class GeneralPath(Projection):
+    """Every ``PodUpserted`` through the general path, as before ``apply_pod``'s inline one."""
+
+    def apply_pod(self, offset: int, ts: int, pod: Any) -> None:
+        self._advance(offset, ts)
+        self._pod_upserted(offset, ts, pod)
+        if self.state.owing_held or self.state.starving_held:
+            release_holds(self.state)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pod_histories)
+def test_apply_pod_folds_like_the_general_path(history: list[Doc]) -> None:
+    """DECISIONS 400: ``apply_pod``'s inline path for the usual upsert and the
+    general path give the same state: the persisted state, every pod index, the
+    pod sums, the state hash (incremental and full) and what the pods share."""
+    from quotaledger.projections.state_digest import full_state_hash, state_hash
+
+    general, fast = GeneralPath(), Projection()
+    encode = msgspec.json.Encoder().encode
+    offset = 0
+    for doc in SETUP + history:
+        if doc is SETTLE:  # the incremental hashes follow the marks each fold leaves
+            assert state_hash(general.state) == state_hash(fast.state)
+            assert state_hash(fast.state) == full_state_hash(fast.state)
+            continue
+        record = Record(offset=offset, ts=offset, payload=encode(doc))
+        offset += 1
+        general.apply_record(record)
+        fast.apply_record(record)
+    one, two = general.state, fast.state
+    assert dump(one) == dump(two)
+    for index in (*INDEXES, "touched_pods", "dirty"):
+        assert getattr(one, index) == getattr(two, index), index
+    assert state_hash(one) == state_hash(two) == full_state_hash(two)
+    _check_pod_sums(two)
+    for state in (one, two):
+        for uid, pod in state.pods.items():
+            assert pod.at is None
+            assert pod.uid is uid
+            assert (pod.name is uid) == (pod.name == uid)
+            assert intern(pod.namespace) is pod.namespace
+            assert pod.node is None or intern(pod.node) is pod.node
+    shared = [(uid, pod.labels is one.pods[uid].labels) for uid, pod in two.pods.items()]
+    assert all(same or not two.pods[uid].labels for uid, same in shared)
