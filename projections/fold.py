@@ -94,14 +94,7 @@ class Projection:
         if kind is LedgerDigest:
             self._pass(offset)
             return True
-        state = self.state
-        if offset != state.offset + 1:
-            raise OutOfOrder(f"record {offset} does not follow {state.offset}")
-        state.offset = offset
-        if ts > state.ts:
-            if state.decrease_deadlines and state.settings.quota_preemption_enabled:
-                self._disarm_empty_deadlines(ts)
-            state.ts = ts
+        state = self._advance(offset, ts)
         handler = self._handlers.get(kind)
         if handler is None:
             reason: str | None = f"kind: unsupported event {kind_of(event)!r}"
@@ -123,14 +116,7 @@ class Projection:
         never refused), without the dispatch (DECISIONS 400): the offset and
         time advanced, the pod folded (the usual upsert inline, any other by
         :meth:`_pod_upserted`), held clocks released."""
-        state = self.state
-        if offset != state.offset + 1:
-            raise OutOfOrder(f"record {offset} does not follow {state.offset}")
-        state.offset = offset
-        if ts > state.ts:
-            if state.decrease_deadlines and state.settings.quota_preemption_enabled:
-                self._disarm_empty_deadlines(ts)
-            state.ts = ts
+        state = self._advance(offset, ts)
         uid = pod.uid
         pods = state.pods
         old = pods.get(uid)
@@ -190,7 +176,10 @@ class Projection:
             raise OutOfOrder(f"record {offset} does not follow {self.state.offset}")
         self.state.offset = offset
 
-    def _advance(self, offset: int, ts: int) -> None:
+    def _advance(self, offset: int, ts: int) -> ProjectedState:
+        """The state, its offset moved to ``offset`` (the next one, else
+        :class:`OutOfOrder`) and its time to ``ts`` when later (deadlines of
+        empty decreases passed by then disarmed first, §8 rule 21)."""
         state = self.state
         if offset != state.offset + 1:
             raise OutOfOrder(f"record {offset} does not follow {state.offset}")
@@ -199,6 +188,7 @@ class Projection:
             if state.decrease_deadlines and state.settings.quota_preemption_enabled:
                 self._disarm_empty_deadlines(ts)
             state.ts = ts
+        return state
 
     def _disarm_empty_deadlines(self, ts: int) -> None:
         """§8 rule 21: a deadline passed (before ``ts``) on a free queue whose
