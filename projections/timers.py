@@ -366,30 +366,20 @@ class TimerIndex:
     def mark_queue(self, queue: str) -> None:
         """An owing clock of ``queue`` started, stopped or was released."""
         self.marked_queues.add(queue)
-        self.changed_queue(queue)
+        changed = self.changed_queues
+        changed.add(queue)
+        if len(changed) > CHANGES_KEPT:
+            self.take_changes()
 
     def mark_pod(self, uid: str) -> None:
         """A starvation clock of ``uid`` started, stopped or was released."""
         self.marked_pods.add(uid)
-        self.changed_pod(uid)
-
-    # ---------------------------------------------------------------- readers
-
-    def changed_pod(self, uid: str) -> None:
-        """A timer input of pod ``uid`` changed: among the changed sources
-        until the next take (all of them dropped past :data:`CHANGES_KEPT`:
-        nobody takes them, so a reader sweeps everything)."""
         changed = self.changed_pods
         changed.add(uid)
         if len(changed) > CHANGES_KEPT:
             self.take_changes()
 
-    def changed_queue(self, queue: str) -> None:
-        """A timer input of quota ``queue`` changed (as :meth:`changed_pod`)."""
-        changed = self.changed_queues
-        changed.add(queue)
-        if len(changed) > CHANGES_KEPT:
-            self.take_changes()
+    # ---------------------------------------------------------------- readers
 
     def take_changes(self) -> tuple[set[str], set[str]]:
         """The changed sources (pods, queues) since the last take; they start
@@ -445,7 +435,10 @@ def touch_pod(state: ProjectedState, uid: str) -> None:
     clock ended): tell the state's timer index, if it has one."""
     index = state.timer_index
     if isinstance(index, TimerIndex):
-        index.changed_pod(uid)
+        changed = index.changed_pods
+        changed.add(uid)
+        if len(changed) > CHANGES_KEPT:
+            index.take_changes()  # nobody takes them: a reader sweeps all
 
 
 def touch_queue(state: ProjectedState, queue: str) -> None:
@@ -453,7 +446,10 @@ def touch_queue(state: ProjectedState, queue: str) -> None:
     ended, the quota removed): tell the state's timer index, if it has one."""
     index = state.timer_index
     if isinstance(index, TimerIndex):
-        index.changed_queue(queue)
+        changed = index.changed_queues
+        changed.add(queue)
+        if len(changed) > CHANGES_KEPT:
+            index.take_changes()
 
 
 def timer_index(state: ProjectedState) -> TimerIndex:
