@@ -84,7 +84,7 @@ class Projection:
         """Apply a decoded event at ``offset``/``ts``; False when it was rejected.
 
         The fold's hot path (DECISIONS 170): one dispatch by exact type, the offset
-        and time advanced inline, and held clocks released only when some are
+        and time advanced (:meth:`_advance`), and held clocks released only when some are
         held (``release_holds`` does nothing otherwise). A ``PodUpserted`` (most
         records) goes to :meth:`apply_pod` first (DECISIONS 400)."""
         kind = type(event)
