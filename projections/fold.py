@@ -9,6 +9,7 @@ recorded in ``state.rejected`` (§8 rule 5) and changes nothing else.
 from __future__ import annotations
 
 from collections.abc import Callable
+from sys import intern
 from typing import Any
 
 from msgspec import UNSET
@@ -42,8 +43,9 @@ from quotaledger.events.model import (
 
 from . import guard
 from .clocks import apply_observation, release_holds
+from .persisted import SMALL_DICT
 from .plans import decrease_target
-from .pods import attach_pod, compact, compact_again, detach_pod, replace_pod
+from .pods import attach_pod, compact, detach_pod, replace_pod, shared_labels
 from .quota_tree import drop_quota, put_quota
 from .resources import add_into, sub_into
 from .settle import settle
@@ -112,7 +114,7 @@ class Projection:
     def apply_pod(self, offset: int, ts: int, pod: PodUpserted) -> None:
         """:meth:`apply` of a decoded ``PodUpserted`` (the usual record: a fact
         never refused), without the dispatch (DECISIONS 400): the offset and
-        time advanced, the pod folded (the usual upsert here, any other by
+        time advanced, the pod folded (the usual upsert inline, any other by
         :meth:`_pod_upserted`), held clocks released."""
         state = self._advance(offset, ts)
         uid = pod.uid
@@ -127,9 +129,29 @@ class Projection:
             and old.namespace == pod.namespace
         ):
             # the usual record: an active pod upserted again, still active, same
-            # namespace and ``quota`` field (what _pod_upserted does for it)
-            compact_again(pod, old)
-            uid = pod.uid
+            # namespace and ``quota`` field (compact then replace_pod, inlined)
+            pod.at = None
+            requests = pod.requests
+            if len(requests) > SMALL_DICT:
+                requests = pod.requests = dict(sorted(requests.items()))
+            uid = pod.uid = old.uid
+            created = pod.created_at
+            if created is not None and created == old.created_at:
+                pod.created_at = old.created_at
+            name = pod.name
+            if name == uid:
+                pod.name = uid
+            elif name == old.name:
+                pod.name = old.name
+            pod.namespace = old.namespace
+            node = pod.node
+            if node is not None:
+                kept_node = old.node
+                pod.node = node = kept_node if node == kept_node else intern(node)
+            labels = pod.labels
+            if labels:
+                kept_labels = old.labels
+                pod.labels = kept_labels if labels == kept_labels else shared_labels(labels)
             pods[uid] = pod
             state.hash_pods[uid] = pod
             replace_pod(state, old, pod)

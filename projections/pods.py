@@ -37,34 +37,24 @@ def compact(pod: PodUpserted, old: PodUpserted | None) -> None:
     for memory): ``at`` is dropped (the record's ts is the time), namespace and
     node names are interned, a name equal to the uid is the uid, and equal
     label maps are one shared map. A pod upserted again reuses the previous
-    version's equal values (:func:`compact_again`), so replacing it frees only
-    what was just decoded. Pods are facts the projection never mutates
-    otherwise: sharing is safe. Labels or requests of more than ``SMALL_DICT``
-    keys are kept sorted by key (the hash and snapshot encoders then never sort
-    a large map, DECISIONS 232)."""
-    if old is not None:
-        compact_again(pod, old)
-        return
+    version's equal values, so replacing it frees only what was just decoded.
+    Pods are facts the projection never mutates otherwise: sharing is safe.
+    Labels or requests of more than ``SMALL_DICT`` keys are kept sorted by key
+    (the hash and snapshot encoders then never sort a large map, DECISIONS 232)."""
     pod.at = None
-    if len(pod.requests) > SMALL_DICT:
-        pod.requests = dict(sorted(pod.requests.items()))
-    name, labels, node, uid = pod.name, pod.labels, pod.node, pod.uid
-    if name == uid:
-        pod.name = uid
-    pod.namespace = intern(pod.namespace)
-    if node is not None:
-        pod.node = intern(node)
-    if labels:
-        pod.labels = _shared_labels(_label_items(labels))
-
-
-def compact_again(pod: PodUpserted, old: PodUpserted) -> None:
-    """:func:`compact` of a pod upserted again: values equal to ``old``'s are
-    ``old``'s objects (the fold's usual record calls this directly)."""
-    pod.at = None
-    if len(pod.requests) > SMALL_DICT:
-        pod.requests = dict(sorted(pod.requests.items()))
     name, namespace, node, labels = pod.name, pod.namespace, pod.node, pod.labels
+    if len(pod.requests) > SMALL_DICT:
+        pod.requests = dict(sorted(pod.requests.items()))
+    if old is None:
+        uid = pod.uid
+        if name == uid:
+            pod.name = uid
+        pod.namespace = intern(namespace)
+        if node is not None:
+            pod.node = intern(node)
+        if labels:
+            pod.labels = _shared_labels(_label_items(labels))
+        return
     uid = pod.uid = old.uid
     created = pod.created_at
     if created is not None and created == old.created_at:
@@ -81,6 +71,11 @@ def compact_again(pod: PodUpserted, old: PodUpserted) -> None:
     if labels:
         kept_labels = old.labels
         pod.labels = kept_labels if labels == kept_labels else _shared_labels(_label_items(labels))
+
+
+def shared_labels(labels: dict[str, str]) -> dict[str, str]:
+    """The one shared map equal to ``labels`` (see :func:`compact`)."""
+    return _shared_labels(_label_items(labels))
 
 
 def _label_items(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
