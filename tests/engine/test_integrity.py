@@ -512,6 +512,11 @@ async def _run_engine(path: Path, facts: list[bytes]) -> list[Record]:
             await asyncio.sleep(0.02)
     stop.set()
     await task
+    # A checkpoint's LedgerDigest the writer had already taken when the stop
+    # cancelled the engine is committed by close(), not before (DECISIONS 52):
+    # read the ledger as the next process would, after the close.
+    await ledger.close()
+    ledger = await SqliteLedger.open(str(path), create=False, read_only=True)
     out = [r for batch in [b async for b in ledger.read(0)] for r in batch]
     restored = await restore(ledger, warn=pytest.fail)
     assert restored.snapshot == snapshot.offset
