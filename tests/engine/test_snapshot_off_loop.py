@@ -552,6 +552,10 @@ async def test_snapshots_taken_while_records_arrive_equal_the_state_at_their_off
     finally:
         stop.set()
         await task
+    # what the writer took before the stop is committed by close() (DECISIONS 52):
+    # read the ledger as the next process would
+    await ledger.close()
+    ledger = await SqliteLedger.open(tmp_path / "l.db", create=False)
     records = _all_records(ledger)
     offsets = [offset for offset, _ in ledger.snapshot_sizes()]
     assert len(offsets) >= 4
