@@ -42,7 +42,10 @@ def test_run_decides_overdue_preemption_and_drains_on_sigterm(
         while True:
             assert main(["replay", str(ledger), "--json", "--no-snapshot"]) == 0
             state = json.loads(capsys.readouterr().out)
-            if state["quotas"]["analytics"]["pods"] == ["spark-1", "spark-2"]:
+            # the eviction's PodRemoved and the PreemptionFinished after it are
+            # two appends: the SIGTERM comes once both are in
+            evicted = state["quotas"]["analytics"]["pods"] == ["spark-1", "spark-2"]
+            if evicted and state["preemptions"] == {}:
                 break
             if time.monotonic() > limit:
                 pytest.fail("the overdue preemption was not carried out")
