@@ -558,11 +558,22 @@ def test_a_planted_zombie_is_reported(tmp_path: Path) -> None:
     real engine; on M2 (docs/PERFORMANCE.md) a quarter (3 of seeds 950-961, quiet), and 8
     trials missed it once in CI: 20 trials miss it with odds of about 1 in 300 (0.75^20)."""
     planted = (sys.executable, str(REPO / "tests" / "planted_engine.py"), "no-lease-check")
-    results = run(
-        "sqlite", range(950, 970), engine_command=planted, keep_dir=tmp_path, **ZOMBIE_TRIALS
-    )
-    found = {v.check for r in results for v in r.violations}
-    assert found & {"zombie-post", "zombie-decision", "eviction-twice"}, found
+    zombie = {"zombie-post", "zombie-decision", "eviction-twice"}
+    found: set[str] = set()
+    # the same 20 seeds, a round of four side by side at a time (CI's ``parallel``):
+    # the first round that reports a zombie ends the test
+    for first in range(950, 970, 4):
+        results = run(
+            "sqlite",
+            range(first, first + 4),
+            engine_command=planted,
+            keep_dir=tmp_path,
+            **ZOMBIE_TRIALS,
+        )
+        found |= {v.check for r in results for v in r.violations}
+        if found & zombie:
+            break
+    assert found & zombie, found
 
 
 @pytest.mark.slow
