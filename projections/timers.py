@@ -66,7 +66,11 @@ Entry = tuple[int, int, int, str, str]
 DECREASE, OVERUSE, RECLAIM = 0, 1, 2
 
 #: Changed sources kept for a reader that does not take them; past this many
-#: they are dropped (``changes`` moves: the reader sweeps everything).
+#: they are dropped (``changes`` moves: the reader sweeps everything). The
+#: add-and-cap is written out where a source changes (``mark_queue``,
+#: ``mark_pod``, :func:`touch_pod`, :func:`touch_queue`) on purpose: one shared
+#: method, called per clock start or stop, made ``simulate`` 3.5 % slower
+#: (measured 2026-11-27, reverted).
 CHANGES_KEPT = 1 << 16
 
 
